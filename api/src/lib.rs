@@ -1,0 +1,11 @@
+//! Tandem's API: the `TrainingJob` custom resource and the launch contract between the operator
+//! and the trainer.
+//!
+//! This crate is pure data: no I/O, no async runtime, no client. Both binaries depend on it, so
+//! a field added here reaches the CRD, the operator and the trainer together.
+
+pub mod contract;
+pub mod job;
+
+pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
+pub use job::*;

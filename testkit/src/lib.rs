@@ -1,0 +1,1 @@
+//! Test helpers for tests that need a real Kubernetes API server.

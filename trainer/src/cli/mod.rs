@@ -1,0 +1,4 @@
+//! Subcommands of the `tandem` binary; each module parses its arguments and calls the library.
+
+pub mod bench;
+pub mod train;

@@ -1,0 +1,1 @@
+//! Collective communication between the ranks of a worker group.

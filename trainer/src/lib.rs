@@ -1,0 +1,7 @@
+//! The Tandem trainer: everything a `tandem` process does, as a library so that tests can drive it.
+//!
+//! Layers, bottom up: `comm` (collectives behind one `Communicator`), then compute (models, data,
+//! optimizers on flat buffers, checkpoints), then roles (parameter server, worker, local runner).
+//! Only `main.rs` reads the environment and the command line.
+
+pub mod comm;

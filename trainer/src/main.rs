@@ -1,0 +1,29 @@
+//! `tandem`: one binary for every role of a training job, and the local runner.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tandem", version, about = "Distributed training with parameter servers and MPI groups in tandem")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a TrainingJob manifest on this machine, no cluster needed.
+    Train(cli::train::Args),
+    /// Benchmarks of Tandem's building blocks.
+    #[command(subcommand)]
+    Bench(cli::bench::Bench),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Train(args) => cli::train::run(args),
+        Command::Bench(bench) => cli::bench::run(bench),
+    }
+}
