@@ -18,6 +18,9 @@ enum Command {
     /// Benchmarks of Tandem's building blocks.
     #[command(subcommand)]
     Bench(cli::bench::Bench),
+    /// One rank of a collective self-test, soak or benchmark (started by `bench` and by tests).
+    #[command(hide = true, name = "comm-rank")]
+    CommRank(cli::bench::RankArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -25,5 +28,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Train(args) => cli::train::run(args),
         Command::Bench(bench) => cli::bench::run(bench),
+        Command::CommRank(args) => cli::bench::run_rank(args),
     }
 }

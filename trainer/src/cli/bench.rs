@@ -1,13 +1,375 @@
-//! `tandem bench …`.
+//! `tandem bench …`, and the hidden `tandem comm-rank` that runs one rank of a collective self-test,
+//! soak or benchmark (started by `tandem bench allreduce`, by tests, or by mpirun).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tandem::comm::selftest::{self, BenchRecord};
+use tandem::comm::tcp::{self, TcpConfig};
+use tandem::comm::{Communicator, algo::AlgoConfig};
+use tandem_api::contract::Endpoint;
 
 /// Benchmarks.
 #[derive(clap::Subcommand)]
 pub enum Bench {
-    /// Allreduce bandwidth and latency.
-    Allreduce,
+    /// Allreduce bandwidth and latency (nccl-tests' algbw and busbw), ranks started on this machine.
+    Allreduce(AllreduceArgs),
+}
+
+/// Which collective backend.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Tandem's built-in TCP collectives.
+    Tcp,
+    /// OpenMPI through rsmpi, ranks started by mpirun (OMPI_MCA_* variables pass through).
+    Mpi,
+}
+
+/// Output format.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// A table.
+    Text,
+    /// One JSON object per size.
+    Json,
+}
+
+/// Arguments of `tandem bench allreduce`.
+#[derive(clap::Args)]
+pub struct AllreduceArgs {
+    /// Backend to measure.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub backend: Backend,
+    /// Number of ranks (processes) to start.
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// Message sizes in bytes, comma-separated; suffixes K, M, G (powers of 1024) are accepted.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes, default_value = "4K,64K,1M,16M")]
+    pub bytes: Vec<usize>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+    #[command(flatten)]
+    pub tuning: Tuning,
+}
+
+/// Settings of the `tcp` backend.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Tuning {
+    /// tcp: messages up to this many bytes use recursive doubling instead of the ring.
+    #[arg(long, value_parser = parse_bytes, default_value = "64K")]
+    pub small_bytes: usize,
+    /// tcp: pipelining chunk in bytes.
+    #[arg(long, value_parser = parse_bytes, default_value = "256K")]
+    pub chunk_bytes: usize,
+    /// tcp: seconds without progress before a peer is probed and declared failed.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout_s: f64,
+}
+
+/// Parses `4096`, `4K`, `4KiB`, `1M`, `256MiB`, `1G`.
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize =
+        digits.parse().map_err(|_| format!("{text:?} is not a byte count such as 4096, 64K or 1M"))?;
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("{text:?} has an unknown unit {unit:?}; use K, M or G")),
+    };
+    n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// Runs a benchmark.
-pub fn run(_bench: Bench) -> anyhow::Result<()> {
-    anyhow::bail!("benchmarks are not available yet: the collectives are being built")
+pub fn run(bench: Bench) -> anyhow::Result<()> {
+    match bench {
+        Bench::Allreduce(args) => allreduce(args),
+    }
+}
+
+fn allreduce(args: AllreduceArgs) -> anyhow::Result<()> {
+    if args.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    if args.bytes.iter().any(|&b| b < 4) {
+        bail!("every --bytes size must hold at least one f32 (4 bytes)");
+    }
+    let sizes = args.bytes.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+    let exe = std::env::current_exe().context("cannot find the tandem executable to start ranks")?;
+    let records = match args.backend {
+        Backend::Tcp => {
+            let ranks = TcpRanks::start(&exe, args.ranks, &args.tuning, &["bench", "--bytes", &sizes])?;
+            ranks.wait_for_output()?
+        }
+        Backend::Mpi => {
+            let mut cmd = mpirun(&exe, args.ranks);
+            cmd.args(["--backend", "mpi", "bench", "--bytes", &sizes]);
+            let out = cmd.output().context("cannot run mpirun; is OpenMPI installed (make deps)?")?;
+            if !out.status.success() {
+                bail!(
+                    "mpirun failed ({}):\n{}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let records: Vec<BenchRecord> = records
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).map(|v| record_from(&v)))
+        .collect::<Result<_, _>>()
+        .context("a rank printed a malformed benchmark record")?;
+    if records.len() != args.bytes.len() {
+        bail!("expected {} benchmark records from rank 0, got {}", args.bytes.len(), records.len());
+    }
+    match args.output {
+        Output::Json => {
+            for r in &records {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        }
+        Output::Text => {
+            println!(
+                "# allreduce, backend {:?}, {} ranks (busbw = algbw·2(n−1)/n)",
+                args.backend, args.ranks
+            );
+            println!("{:>12} {:>12} {:>12} {:>12}", "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+            for r in &records {
+                println!(
+                    "{:>12} {:>12.1} {:>12.3} {:>12.3}",
+                    r.bytes, r.latency_us, r.algbw_gbps, r.busbw_gbps
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn record_from(v: &serde_json::Value) -> BenchRecord {
+    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+    BenchRecord {
+        backend: v.get("backend").and_then(|b| b.as_str()).unwrap_or("?").to_owned(),
+        ranks: f("ranks") as usize,
+        bytes: f("bytes") as usize,
+        algbw_gbps: f("algbw_gbps"),
+        busbw_gbps: f("busbw_gbps"),
+        latency_us: f("latency_us"),
+    }
+}
+
+/// `mpirun` for `ranks` copies of `exe comm-rank`, as root and oversubscribed where needed.
+pub fn mpirun(exe: &Path, ranks: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &ranks.to_string()]);
+    cmd.arg(exe).arg("comm-rank");
+    cmd
+}
+
+/// Ranks of the `tcp` backend started as local processes on loopback.
+struct TcpRanks {
+    children: Vec<Child>,
+    token_file: PathBuf,
+}
+
+impl TcpRanks {
+    fn start(exe: &Path, ranks: usize, tuning: &Tuning, mode: &[&str]) -> anyhow::Result<Self> {
+        let ports = free_ports(ranks)?;
+        let peers = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+        let token_file = std::env::temp_dir().join(format!("tandem-bench-{}.token", std::process::id()));
+        let token = format!("{:x}{:x}", std::process::id(), ports[0]);
+        std::fs::write(&token_file, token)
+            .with_context(|| format!("cannot write {}", token_file.display()))?;
+        let mut this = Self { children: Vec::new(), token_file };
+        for rank in 0..ranks {
+            let mut cmd = Command::new(exe);
+            cmd.arg("comm-rank")
+                .args(["--backend", "tcp", "--rank", &rank.to_string(), "--peers", &peers])
+                .arg("--token-file")
+                .arg(&this.token_file)
+                .args(["--small-bytes", &tuning.small_bytes.to_string()])
+                .args(["--chunk-bytes", &tuning.chunk_bytes.to_string()])
+                .args(["--timeout-s", &tuning.timeout_s.to_string()])
+                .args(mode)
+                .stdout(if rank == 0 { Stdio::piped() } else { Stdio::null() });
+            this.children.push(cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?);
+        }
+        Ok(this)
+    }
+
+    fn wait_for_output(mut self) -> anyhow::Result<String> {
+        let mut text = String::new();
+        if let Some(stdout) = self.children[0].stdout.take() {
+            for line in BufReader::new(stdout).lines() {
+                text.push_str(&line?);
+                text.push('\n');
+            }
+        }
+        let mut failed = Vec::new();
+        for (rank, child) in self.children.iter_mut().enumerate() {
+            let status = child.wait()?;
+            if !status.success() {
+                failed.push(format!("rank {rank} {status}"));
+            }
+        }
+        if !failed.is_empty() {
+            bail!("ranks failed: {} (their errors are above)", failed.join(", "));
+        }
+        Ok(text)
+    }
+}
+
+impl Drop for TcpRanks {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let _ = std::fs::remove_file(&self.token_file);
+    }
+}
+
+/// `n` distinct ports that were free a moment ago on loopback.
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().context("no free port")?;
+    Ok(listeners.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect())
+}
+
+/// Arguments of the hidden `tandem comm-rank`.
+#[derive(clap::Args)]
+pub struct RankArgs {
+    /// Backend.
+    #[arg(long, value_enum)]
+    pub backend: Backend,
+    /// tcp: this rank.
+    #[arg(long, default_value_t = 0)]
+    pub rank: usize,
+    /// tcp: every rank's endpoint in rank order, `host:port,…`.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// tcp: address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: String,
+    /// tcp: file holding the job token.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// tcp: seconds to wait for every peer to connect.
+    #[arg(long, default_value_t = 120.0)]
+    pub connect_timeout_s: f64,
+    #[command(flatten)]
+    pub tuning: Tuning,
+    /// What to run.
+    #[command(subcommand)]
+    pub mode: RankMode,
+}
+
+/// What one rank runs.
+#[derive(clap::Subcommand)]
+pub enum RankMode {
+    /// Every collective against the serial reference, and fused against per-tensor allreduce.
+    Selftest {
+        /// mpi: also split the world by rank parity and test the halves.
+        #[arg(long)]
+        split: bool,
+    },
+    /// Allreduce a buffer repeatedly, printing `iteration N` after each.
+    Soak {
+        /// Elements per allreduce.
+        #[arg(long)]
+        len: usize,
+        /// Number of allreduces.
+        #[arg(long)]
+        iterations: usize,
+    },
+    /// Time allreduce-sum per size; rank 0 prints one JSON record per size.
+    Bench {
+        /// Sizes in bytes.
+        #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
+        bytes: Vec<usize>,
+    },
+}
+
+fn parse_endpoint(text: &str) -> anyhow::Result<Endpoint> {
+    let (host, port) = text.rsplit_once(':').with_context(|| format!("peer {text:?} is not host:port"))?;
+    let port = port.parse().with_context(|| format!("peer {text:?} has an invalid port"))?;
+    Ok(Endpoint::new(host, port))
+}
+
+/// Runs one rank.
+pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
+    match args.backend {
+        Backend::Tcp => {
+            let peers = args.peers.iter().map(|p| parse_endpoint(p)).collect::<anyhow::Result<Vec<_>>>()?;
+            let token_file =
+                args.token_file.as_ref().context("--token-file is required with --backend tcp")?;
+            let token = std::fs::read(token_file)
+                .with_context(|| format!("cannot read the job token from {}", token_file.display()))?;
+            let config = TcpConfig {
+                timeout: Duration::from_secs_f64(args.tuning.timeout_s),
+                connect_timeout: Duration::from_secs_f64(args.connect_timeout_s),
+                chunk_bytes: args.tuning.chunk_bytes,
+                algo: AlgoConfig { small_bytes: args.tuning.small_bytes },
+            };
+            let trimmed = token.trim_ascii();
+            let mut comm = tcp::connect(args.rank, &peers, &args.bind, trimmed, config)
+                .with_context(|| format!("rank {} could not join the group", args.rank))?;
+            run_mode(&mut comm, &args.mode)
+        }
+        Backend::Mpi => run_mpi(&args.mode),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(mode: &RankMode) -> anyhow::Result<()> {
+    use tandem::comm::mpi::MpiRuntime;
+    let runtime = MpiRuntime::init()?;
+    let mut world = runtime.world();
+    if let RankMode::Selftest { split: true } = mode {
+        let rank = world.rank();
+        let mut half = world.split((rank % 2) as u32, rank as i32)?;
+        let checks = selftest::run_selftest(&mut half)
+            .with_context(|| format!("split group {} (world rank {rank})", rank % 2))?;
+        println!("rank {rank}: split group {} selftest passed: {checks} checks", rank % 2);
+    }
+    if let RankMode::Bench { bytes } = mode {
+        // MPI_Allreduce out of place, as osu_allreduce measures it.
+        let timed = runtime.world();
+        let out_of_place = |send: &[f32], recv: &mut [f32]| timed.allreduce_out_of_place(send, recv);
+        selftest::run_bench(&mut world, bytes, Some(&out_of_place))?;
+        return Ok(());
+    }
+    run_mode(&mut world, mode)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_mode: &RankMode) -> anyhow::Result<()> {
+    bail!("this tandem was built without the `mpi` feature; rebuild with default features")
+}
+
+fn run_mode(comm: &mut dyn Communicator, mode: &RankMode) -> anyhow::Result<()> {
+    let rank = comm.rank();
+    match mode {
+        RankMode::Selftest { .. } => {
+            let checks = selftest::run_selftest(comm)?;
+            println!("rank {rank}: selftest passed: {checks} checks");
+        }
+        RankMode::Soak { len, iterations } => selftest::run_soak(comm, *len, *iterations)?,
+        RankMode::Bench { bytes } => {
+            selftest::run_bench(comm, bytes, None)?;
+        }
+    }
+    Ok(())
 }

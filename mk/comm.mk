@@ -1,0 +1,11 @@
+# Collectives (trainer/src/comm): tests run with `cargo test --workspace`; the benchmark is separate.
+
+.PHONY: comm-test bench-allreduce
+
+## comm-test: the collective tests only (real processes on loopback, and under mpirun).
+comm-test: deps
+	$(CARGO) test -p tandem-trainer --test comm_tcp --test comm_mpi
+
+## bench-allreduce: tandem tcp vs OpenMPI over TCP vs OpenMPI shared memory; writes out/bench/allreduce.
+bench-allreduce: deps
+	bench/allreduce.sh
