@@ -1,0 +1,37 @@
+# The test control plane: kube-apiserver, etcd, kube-controller-manager and kwok on loopback, built from
+# the Go module proxy into ${TANDEM_CACHE:-$HOME/.cache/tandem}/k8s/<version>/bin (scripts/controlplane/).
+
+## cluster-bins: build the pinned control-plane binaries (kube-apiserver, kube-controller-manager, kubectl, etcd, kwok, helm) if missing.
+## cluster-up: start the control plane on loopback; its last line is `export KUBECONFIG=<path>`.
+## cluster-down: stop the control plane and remove its state.
+## test-cluster: start the control plane, run the cluster tests of $(CLUSTER_TEST_PACKAGES), always stop it.
+.PHONY: cluster-bins cluster-up cluster-down test-cluster
+
+# Packages whose tests need the control plane: each has a `cluster-tests` feature that compiles them.
+# Other areas append to this in their own mk file (`CLUSTER_TEST_PACKAGES += tandem-operator`).
+CLUSTER_TEST_PACKAGES += tandem-testkit
+
+TEST_TARGETS += test-cluster
+
+cluster-bins: deps
+	@scripts/controlplane/build.sh all
+
+cluster-up: cluster-bins
+	@scripts/controlplane/cluster-up.sh
+
+cluster-down:
+	@scripts/controlplane/cluster-down.sh
+
+# One shell, so the trap stops the control plane however the tests end, and the tests' failure (or a
+# failed start) is the target's exit status.
+test-cluster: cluster-bins
+	@set -euo pipefail; \
+	trap 'scripts/controlplane/cluster-down.sh' EXIT; \
+	up="$$(scripts/controlplane/cluster-up.sh)" || { echo "test-cluster: the control plane did not start" >&2; exit 1; }; \
+	eval "$$(printf '%s\n' "$$up" | tail -n 1)"; \
+	failed=""; \
+	for pkg in $(CLUSTER_TEST_PACKAGES); do \
+	  echo "test-cluster: cargo test -p $$pkg --features cluster-tests" >&2; \
+	  $(CARGO) test -p "$$pkg" --features cluster-tests || failed="$$failed $$pkg"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-cluster: cluster tests failed in:$$failed" >&2; exit 1; fi
