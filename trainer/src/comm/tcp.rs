@@ -542,19 +542,21 @@ impl TcpTransport {
 
         let from = recv.as_ref().map_or(0, |(f, _)| *f);
         let expected = recv.as_ref().map_or(0, |(_, r)| r.len());
+        let chunk = self.chunk;
         let mut scratch = std::mem::take(&mut self.scratch);
-        let (target, reduce): (&mut [f32], _) = match recv {
+        // Copy lands in place; Reduce lands in a chunk-sized, cache-resident scratch holding the
+        // received but not yet reduced bytes, and is combined into `dst` after every read.
+        let (target, mut reduce): (&mut [f32], _) = match recv {
             Some((_, Recv::Copy(dst))) => (dst, None),
             Some((_, Recv::Reduce(dst, op))) => {
-                scratch.resize(dst.len(), 0.0);
+                scratch.resize(dst.len().min(chunk / 4).max(1), 0.0);
                 (&mut scratch[..], Some((dst, op)))
             }
             None => (&mut [], None),
         };
         let target: &mut [u8] = bytemuck::cast_slice_mut(target);
-        let mut reduce = reduce;
         let mut recv_header = [0u8; 8];
-        let recv_total = if recv_fd.is_some() { 8 + target.len() } else { 0 };
+        let recv_total = if recv_fd.is_some() { 8 + expected * 4 } else { 0 };
         let mut received = 0;
         let mut reduced = 0;
 
@@ -582,8 +584,17 @@ impl TcpTransport {
             if let Some(fd) = recv_fd
                 && received < recv_total
             {
-                let (h, p) = split_progress_mut(&mut recv_header, target, received, chunk);
-                match recv_parts(fd, h, p) {
+                let payload_done = received.saturating_sub(8);
+                let header: &mut [u8] = if received < 8 { &mut recv_header[received..] } else { &mut [] };
+                let room: &mut [u8] = if reduce.is_some() {
+                    let pending = payload_done - reduced * 4;
+                    let end = target.len().min(pending + (recv_total - 8 - payload_done));
+                    &mut target[pending..end]
+                } else {
+                    let end = target.len().min(payload_done + chunk);
+                    &mut target[payload_done..end]
+                };
+                match recv_parts(fd, header, room) {
                     Ok(0) => break Err(self.data_closed(from, "end of stream")),
                     Ok(n) => {
                         let before = received;
@@ -600,13 +611,12 @@ impl TcpTransport {
                             }
                         }
                         if let Some((dst, op)) = reduce.as_mut() {
-                            let complete = received.saturating_sub(8) / 4;
-                            if complete == expected || complete - reduced >= chunk / 4 {
-                                let incoming: &[f32] =
-                                    bytemuck::cast_slice(&target[reduced * 4..complete * 4]);
-                                op.combine(&mut dst[reduced..complete], incoming);
-                                reduced = complete;
-                            }
+                            let pending = received.saturating_sub(8) - reduced * 4;
+                            let complete = pending / 4;
+                            let incoming: &[f32] = bytemuck::cast_slice(&target[..complete * 4]);
+                            op.combine(&mut dst[reduced..reduced + complete], incoming);
+                            reduced += complete;
+                            target.copy_within(complete * 4..pending, 0);
                         }
                     }
                     Err(e) if would_block(&e) => {}
@@ -756,23 +766,6 @@ fn split_progress<'a>(
     } else {
         let start = done - header.len();
         (&[], &payload[start..payload.len().min(start + chunk)])
-    }
-}
-
-fn split_progress_mut<'a>(
-    header: &'a mut [u8],
-    payload: &'a mut [u8],
-    done: usize,
-    chunk: usize,
-) -> (&'a mut [u8], &'a mut [u8]) {
-    let hl = header.len();
-    if done < hl {
-        let end = payload.len().min(chunk);
-        (&mut header[done..], &mut payload[..end])
-    } else {
-        let start = done - hl;
-        let end = payload.len().min(start + chunk);
-        (&mut [], &mut payload[start..end])
     }
 }
 
