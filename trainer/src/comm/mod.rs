@@ -5,7 +5,7 @@
 //! cargo feature `mpi`). [`fusion`] reduces many tensors as a few fused buffers.
 //!
 //! Expected flow: every rank of a group builds its communicator (for `tcp` from the group's peer
-//! list, see [`tcp::TcpComm::connect`]), then all ranks call the same collectives in the same order
+//! list, see [`tcp::connect`]), then all ranks call the same collectives in the same order
 //! with buffers of the same length — the contract of MPI and NCCL.
 //!
 //! Guarantees:
