@@ -141,8 +141,9 @@ fn allreduce(args: AllreduceArgs) -> anyhow::Result<()> {
         }
         Output::Text => {
             println!(
-                "# allreduce, backend {:?}, {} ranks (busbw = algbw·2(n−1)/n)",
-                args.backend, args.ranks
+                "# allreduce, backend {}, {} ranks (busbw = algbw·2(n−1)/n)",
+                records.first().map_or("?", |r| r.backend.as_str()),
+                args.ranks
             );
             println!("{:>12} {:>12} {:>12} {:>12}", "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
             for r in &records {
