@@ -43,9 +43,11 @@ build_k8s() {
   fi
   local start=$SECONDS w="$K8S_HOME/src/kubernetes"
   log "kubernetes v$K8S_VERSION: building kube-apiserver, kube-controller-manager, kubectl (wrapper in $w)"
+  # The wrapper is kept (with its go.sum) for rebuilds; one left half-made by a failed run is redone.
+  [ -f "$w/.complete" ] || rm -rf "$w"
   mkdir -p "$w"
   cd "$w"
-  if [ ! -f go.mod ]; then
+  if [ ! -f .complete ]; then
     # k/k's own go.mod (served as .mod) names the staging modules and its godebug line.
     local kmod
     kmod="$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" \
@@ -62,6 +64,7 @@ build_k8s() {
     [ -z "$gd" ] || go mod edit -godebug="$gd"
     go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@v$K8S_VERSION"
+    touch .complete
   fi
   # Stamp the version like hack/lib/version.sh, so tools and people read the real one.
   local minor="${K8S_VERSION#1.}" ldf="-s -w" kv
@@ -82,11 +85,13 @@ build_etcd() {
   fi
   local start=$SECONDS w="$K8S_HOME/src/etcd-v$ETCD_VERSION"
   log "etcd v$ETCD_VERSION: building (wrapper in $w)"
+  [ -f "$w/.complete" ] || rm -rf "$w"
   mkdir -p "$w"
   cd "$w"
-  if [ ! -f go.mod ]; then
+  if [ ! -f .complete ]; then
     go mod init local/tandem-etcd-bin
     go get -tool "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+    touch .complete
   fi
   go build -p "$BUILD_P" -trimpath -ldflags "-s -w" -o "$K8S_BIN/etcd" go.etcd.io/etcd/server/v3
   "$K8S_BIN/etcd" --version
