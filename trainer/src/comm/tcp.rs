@@ -39,7 +39,9 @@ use super::{CommError, Peer};
 /// Settings of the `tcp` backend.
 #[derive(Clone, Debug)]
 pub struct TcpConfig {
-    /// Longest wait without progress inside a collective before the stalled peer is probed.
+    /// Longest wait without progress inside a collective before the stalled peer is probed. A dead
+    /// peer is reported at once; a hung one within `timeout` + 2 s by its neighbours and, through
+    /// their abort notice, by everyone else (at worst 2·`timeout` + 2 s after the last progress).
     pub timeout: Duration,
     /// Longest time to form the group: every peer must have connected by then.
     pub connect_timeout: Duration,
