@@ -693,6 +693,24 @@ pub struct TrainingJobStatus {
     /// Training progress reported by the trainer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// Restart bookkeeping of each worker group and PS replica that has been restarted: its
+    /// attempt number (carried into its pods as `TANDEM_ATTEMPT`) and when it was last restarted
+    /// (the start of its back-off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<UnitAttempt>,
+}
+
+/// Restart bookkeeping of one unit of a job: a worker group (`group-<g>`) or a PS (`ps-<i>`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitAttempt {
+    /// `group-<g>` or `ps-<i>`.
+    pub unit: String,
+    /// Restarts of this unit so far; its pods are launched with this attempt number.
+    pub attempt: u32,
+    /// When the unit was last restarted; its pods return after the back-off from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<Time>,
 }
 
 /// Coarse job phase.
