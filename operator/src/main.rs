@@ -1,5 +1,184 @@
-//! `tandem-operator`: reconciles TrainingJobs into parameter-server pods and worker groups.
+//! `tandem-operator`: runs the TrainingJob controller against the ambient kubeconfig or the
+//! in-cluster config, with leader election, metrics and health endpoints, and JSON logs.
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("tandem-operator is not available yet: the controller is being built")
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use tandem_operator::leader::LeaderElector;
+use tandem_operator::metrics::Metrics;
+use tandem_operator::server::{self, Health};
+use tandem_operator::{Context, Prepared, Scope, Settings, controller};
+use tokio::sync::watch;
+
+/// Reconciles TrainingJobs into parameter-server pods and MPI worker groups.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "TANDEM_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Run without leader election (only for a single replica).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "tandem-operator")]
+    lease_name: String,
+    /// Lease duration in seconds; the leader renews every third of it.
+    #[arg(long, default_value_t = 15)]
+    lease_seconds: u64,
+    /// This replica's identity in the Lease and in Events (default: the pod name, else host-pid).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Log format.
+    #[arg(long, value_parser = ["json", "text"], default_value = "json")]
+    log_format: String,
+    /// Seconds a pod may stay terminating past its deadline on a lost node before it is
+    /// force-deleted.
+    #[arg(long, default_value_t = 60)]
+    force_delete_after: u64,
+    /// Seconds between reconciles of a job with nothing pending.
+    #[arg(long, default_value_t = 300)]
+    resync: u64,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if format == "json" {
+        builder.json().flatten_event(true).with_current_span(false).init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn signalled() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn fired(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(&args.log_format);
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client: set KUBECONFIG or run in a pod with a ServiceAccount")?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "tandem-operator".to_owned());
+        format!("{host}-{}", std::process::id())
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let signal_tx = stop_tx.clone();
+    tokio::spawn(async move {
+        signalled().await;
+        tracing::info!("shutdown signal received");
+        let _ = signal_tx.send(true);
+    });
+
+    let metrics = Metrics::default();
+    let health = Health::default();
+    let settings = Settings {
+        force_delete_after: Duration::from_secs(args.force_delete_after),
+        resync: Duration::from_secs(args.resync.max(1)),
+    };
+    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), settings, Some(identity.clone())));
+    let prepared = Prepared::new(ctx, &Scope { namespace: args.namespace.clone() });
+    let store = prepared.store();
+    let refresh_store = store.clone();
+    let refresh_metrics = metrics.clone();
+    let refresh: server::Refresh =
+        Arc::new(move || refresh_metrics.set_jobs(controller::count_phases(&refresh_store)));
+
+    let listener = server::bind(args.metrics_addr).await.with_context(|| {
+        format!("cannot listen on {} for /metrics; pick another --metrics-addr", args.metrics_addr)
+    })?;
+    tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz");
+    let server_task =
+        tokio::spawn(server::serve(listener, metrics, health.clone(), refresh, fired(stop_rx.clone())));
+
+    let elector = (!args.no_leader_election).then(|| {
+        LeaderElector::new(
+            client.clone(),
+            &args.lease_namespace,
+            &args.lease_name,
+            &identity,
+            Duration::from_secs(args.lease_seconds.max(3)),
+        )
+    });
+    if let Some(elector) = &elector {
+        let standby_health = health.clone();
+        let acquired = async {
+            elector
+                .acquire(|holder| {
+                    standby_health.ready.store(true, Ordering::Relaxed);
+                    tracing::info!(%holder, "standing by: another replica leads");
+                })
+                .await;
+        };
+        tokio::select! {
+            () = acquired => tracing::info!(%identity, "leading"),
+            () = fired(stop_rx.clone()) => {
+                let _ = server_task.await;
+                return Ok(());
+            }
+        }
+        health.ready.store(false, Ordering::Relaxed);
+    }
+
+    let ready_health = health.clone();
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            ready_health.ready.store(true, Ordering::Relaxed);
+        }
+    });
+    let controller_task = tokio::spawn(prepared.run(fired(stop_rx.clone())));
+    let mut lost = false;
+    if let Some(elector) = &elector {
+        tokio::select! {
+            () = elector.renew_until_lost() => {
+                lost = true;
+                let _ = stop_tx.send(true);
+            }
+            () = fired(stop_rx.clone()) => {}
+        }
+    }
+    controller_task.await.context("the controller task panicked")?;
+    if let Some(elector) = &elector
+        && !lost
+        && let Err(e) = elector.release().await
+    {
+        tracing::warn!(error = %e, "cannot release the leader Lease; a standby takes over once it expires");
+    }
+    let _ = stop_tx.send(true);
+    let _ = server_task.await;
+    if lost {
+        anyhow::bail!("lost the leader Lease; exiting so that a fresh replica can stand by");
+    }
+    tracing::info!("stopped");
+    Ok(())
 }

@@ -1,0 +1,18 @@
+# The operator: its cluster tests join the control-plane test run; `operator-run` starts it locally.
+
+.PHONY: operator operator-run operator-test
+
+# Integration tests of tandem-operator run against the real apiserver of `make cluster-up`.
+CLUSTER_TEST_PACKAGES += tandem-operator
+
+## operator: build the tandem-operator binary.
+operator:
+	$(CARGO) build --release -p tandem-operator
+
+## operator-test: the operator's unit and fixture tests (no cluster needed).
+operator-test:
+	$(CARGO) test -p tandem-operator
+
+## operator-run: run the operator against $KUBECONFIG (text logs, no leader election).
+operator-run:
+	$(CARGO) run -p tandem-operator -- --no-leader-election --log-format text

@@ -1,0 +1,501 @@
+//! The controller: watches TrainingJobs and their pods and runs the reconcile pipeline
+//! validate → build → apply → status for each job.
+//!
+//! Expected flow of one reconcile: skip jobs managed by another controller
+//! (`runPolicy.managedBy`); [`crate::validate::validate`] (a bad spec gets a `Failed` status
+//! naming the field, and no objects); list the job's pods; [`crate::plan::decide`]; server-side
+//! apply the Service, ConfigMap, hostfiles and PodGroup, create the Secrets if absent; write the
+//! status (before touching pods, see [`crate::plan`]); publish Events; delete, force-delete and
+//! create pods; delete the job when its TTL expired.
+//!
+//! Guarantees: every write uses the field manager [`names::FIELD_MANAGER`]; a reconcile is
+//! idempotent, so running it twice, or after a crash half-way, converges to the same objects;
+//! errors are mapped to fixed categories ([`Error::category`]) for metrics and retried with
+//! back-off. Deleting a TrainingJob deletes its children through owner references.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::{Controller, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use tandem_api::{Backend, JobPhase, Role, TrainingJob, TrainingJobStatus};
+
+use crate::metrics::{Metrics, RoleLabel};
+use crate::plan::{self, Observed, Plan, Settings, condition};
+use crate::{builder, names, secrets, validate};
+
+/// A failed step of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading from the API server failed.
+    #[error("reading {what}: {source}")]
+    Read {
+        /// What was read.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating or applying a child failed.
+    #[error("applying {what}: {source}")]
+    Apply {
+        /// The object.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting a child (or the expired job) failed.
+    #[error("deleting {what}: {source}")]
+    Delete {
+        /// The object.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the status failed.
+    #[error("writing the status of TrainingJob {job}: {source}")]
+    Status {
+        /// The job.
+        job: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The PodGroup could not be applied.
+    #[error(
+        "applying PodGroup {name} ({api_version}): {source}; runPolicy.scheduling.gang needs that scheduler's PodGroup CRD installed"
+    )]
+    PodGroup {
+        /// The PodGroup.
+        name: String,
+        /// Its API version.
+        api_version: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Secret material could not be generated.
+    #[error(transparent)]
+    Random(#[from] secrets::RandomError),
+}
+
+impl Error {
+    /// The fixed category of the error, used as the metrics label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Read { .. } => "read",
+            Error::Apply { .. } => "apply",
+            Error::Delete { .. } => "delete",
+            Error::Status { .. } => "status",
+            Error::PodGroup { .. } => "podgroup",
+            Error::Random(_) => "internal",
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// API client (in tests: impersonating the operator's ServiceAccount).
+    pub client: Client,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Decision settings.
+    pub settings: Settings,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context reporting Events as `tandem-operator` (instance `instance`).
+    pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: Option<String>) -> Self {
+        let reporter = Reporter { controller: names::FIELD_MANAGER.to_owned(), instance };
+        Self { recorder: Recorder::new(client.clone(), reporter), client, metrics, settings }
+    }
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(names::FIELD_MANAGER).force()
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+async fn apply<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+where
+    K: Resource + Serialize + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let name = object.name_any();
+    api.patch(&name, &apply_params(), &Patch::Apply(object)).await.map(drop).map_err(|source| Error::Apply {
+        what: format!("{} {name}", K::kind(&K::DynamicType::default())),
+        source,
+    })
+}
+
+/// Creates a Secret unless it exists: Secrets hold generated material that must not change.
+async fn create_once(
+    api: &Api<Secret>,
+    name: &str,
+    make: impl FnOnce() -> Result<Secret, Error>,
+) -> Result<(), Error> {
+    let read = |source| Error::Read { what: format!("Secret {name}"), source };
+    if api.get_opt(name).await.map_err(read)?.is_some() {
+        return Ok(());
+    }
+    match api
+        .create(
+            &PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() },
+            &make()?,
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(source) => Err(Error::Apply { what: format!("Secret {name}"), source }),
+    }
+}
+
+async fn ensure_children(job: &TrainingJob, ctx: &Context) -> Result<(), Error> {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    let client = ctx.client.clone();
+    apply(&Api::<Service>::namespaced(client.clone(), &ns), &builder::service(job)).await?;
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    apply(&config_maps, &builder::config_map(job)).await?;
+    let secrets_api = Api::<Secret>::namespaced(client.clone(), &ns);
+    create_once(&secrets_api, &names::token_secret(&name), || {
+        Ok(builder::token_secret(job, &secrets::job_token()?))
+    })
+    .await?;
+    if job.spec.workers.backend == Backend::Mpi {
+        create_once(&secrets_api, &names::ssh_secret(&name), || {
+            Ok(builder::ssh_secret(job, &secrets::ssh_keys(&format!("tandem@{name}"))?))
+        })
+        .await?;
+        for group in 0..job.spec.workers.groups {
+            apply(&config_maps, &builder::hostfile(job, group)).await?;
+        }
+    }
+    // Hostfiles of groups that scaling removed.
+    let existing = config_maps
+        .list(&ListParams::default().labels(&names::job_selector(&name)))
+        .await
+        .map_err(|source| Error::Read { what: format!("ConfigMaps of {name}"), source })?;
+    for cm in existing.items {
+        let group = cm.labels().get(names::LABEL_GROUP).and_then(|g| g.parse::<u32>().ok());
+        let stale =
+            group.is_some_and(|g| g >= job.spec.workers.groups || job.spec.workers.backend != Backend::Mpi);
+        if stale {
+            delete(&config_maps, &cm.name_any(), "ConfigMap", &DeleteParams::default()).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn delete<K>(api: &Api<K>, name: &str, kind: &str, params: &DeleteParams) -> Result<(), Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(source) => Err(Error::Delete { what: format!("{kind} {name}"), source }),
+    }
+}
+
+async fn sync_pod_group(job: &TrainingJob, ctx: &Context, want: bool) -> Result<(), Error> {
+    let scheduling = &job.spec.run_policy.scheduling;
+    if !scheduling.gang {
+        return Ok(());
+    }
+    let ns = job.namespace().unwrap_or_default();
+    let resource = builder::pod_group_resource(scheduling.pod_group_flavor);
+    let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &resource);
+    let name = names::pod_group(&job.name_any());
+    if want {
+        let object = builder::pod_group(job);
+        api.patch(&name, &apply_params(), &Patch::Apply(&object)).await.map(drop).map_err(|source| {
+            Error::PodGroup { name: name.clone(), api_version: resource.api_version.clone(), source }
+        })
+    } else {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(source) => Err(Error::Delete { what: format!("PodGroup {name}"), source }),
+        }
+    }
+}
+
+/// Nodes of terminating pods that are gone or not Ready.
+async fn lost_nodes(ctx: &Context, pods: &[Pod]) -> BTreeSet<String> {
+    let nodes: BTreeSet<&str> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
+        .collect();
+    let api = Api::<Node>::all(ctx.client.clone());
+    let mut lost = BTreeSet::new();
+    for node in nodes {
+        match api.get_opt(node).await {
+            Ok(None) => {
+                lost.insert(node.to_owned());
+            }
+            Ok(Some(n)) => {
+                let ready = n
+                    .status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if !ready {
+                    lost.insert(node.to_owned());
+                }
+            }
+            Err(e) => tracing::warn!(%node, error = %e, "cannot read node of a terminating pod"),
+        }
+    }
+    lost
+}
+
+async fn write_status(job: &TrainingJob, ctx: &Context, status: &TrainingJobStatus) -> Result<(), Error> {
+    let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    let body = serde_json::json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&job.name_any(), &apply_params(), &Patch::Apply(&body))
+        .await
+        .map(drop)
+        .map_err(|source| Error::Status { job: job.name_any(), source })
+}
+
+async fn publish(job: &TrainingJob, ctx: &Context, warning: bool, reason: &str, message: &str) {
+    let event = Event {
+        type_: if warning { EventType::Warning } else { EventType::Normal },
+        reason: reason.to_owned(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+        tracing::warn!(job = %job.name_any(), error = %e, "cannot publish event");
+    }
+}
+
+/// A spec the operator cannot build: fail the job once, with the reason.
+async fn reject(
+    job: &TrainingJob,
+    ctx: &Context,
+    error: &validate::ValidationError,
+) -> Result<Action, Error> {
+    let message = error.to_string();
+    let mut status = job.status.clone().unwrap_or_default();
+    let already = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::FAILED && c.status == "True" && c.message == message);
+    if !already {
+        let now = Timestamp::now();
+        status.phase = Some(JobPhase::Failed);
+        status.observed_generation = job.metadata.generation;
+        status.completion_time.get_or_insert(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        plan::set_condition(
+            &mut status.conditions,
+            condition::FAILED,
+            true,
+            "InvalidSpec",
+            &message,
+            now,
+            job.metadata.generation,
+        );
+        write_status(job, ctx, &status).await?;
+        publish(job, ctx, true, "InvalidSpec", &message).await;
+    }
+    Ok(Action::await_change())
+}
+
+async fn execute(job: &TrainingJob, ctx: &Context, plan: &Plan) -> Result<(), Error> {
+    let ns = job.namespace().unwrap_or_default();
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
+    for name in &plan.delete {
+        delete(&pods, name, "Pod", &DeleteParams::default()).await?;
+    }
+    for name in &plan.force_delete {
+        tracing::warn!(pod = %name, "force-deleting a pod stuck terminating on a lost node");
+        delete(
+            &pods,
+            name,
+            "Pod",
+            &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() },
+        )
+        .await?;
+    }
+    for &(role, attempt) in &plan.create {
+        create_pod(job, &pods, role, attempt).await?;
+    }
+    Ok(())
+}
+
+async fn create_pod(job: &TrainingJob, pods: &Api<Pod>, role: Role, attempt: u32) -> Result<(), Error> {
+    let pod = builder::pod(job, role, attempt);
+    let name = pod.name_any();
+    let params = PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() };
+    match pods.create(&params, &pod).await {
+        Ok(_) => Ok(()),
+        // Created by an earlier reconcile whose pod list was stale; the next list sees it.
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(source) => Err(Error::Apply { what: format!("Pod {name}"), source }),
+    }
+}
+
+/// Reconciles one TrainingJob.
+pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_job(&job, &ctx).await;
+    ctx.metrics.observe(started.elapsed(), result.as_ref().err().map(Error::category));
+    result
+}
+
+async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error> {
+    let name = job.name_any();
+    if job.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if let Some(manager) = job.spec.run_policy.managed_by.as_deref()
+        && manager != names::MANAGED_BY
+    {
+        tracing::debug!(job = %name, %manager, "skipping a job managed by another controller");
+        return Ok(Action::await_change());
+    }
+    if let Err(e) = validate::validate(job) {
+        return reject(job, ctx, &e).await;
+    }
+    let ns = job.namespace().unwrap_or_default();
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&names::job_selector(&name)))
+        .await
+        .map_err(|source| Error::Read { what: format!("pods of {name}"), source })?
+        .items;
+    let lost = lost_nodes(ctx, &pods).await;
+    let plan =
+        plan::decide(job, &Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now() }, &ctx.settings);
+
+    if plan.ensure_children {
+        ensure_children(job, ctx).await?;
+    }
+    sync_pod_group(job, ctx, plan.want_pod_group).await?;
+    if job.status.as_ref() != Some(&plan.status) {
+        write_status(job, ctx, &plan.status).await?;
+    }
+    for event in &plan.events {
+        publish(job, ctx, event.warning, &event.reason, &event.message).await;
+    }
+    for role in &plan.restarted {
+        ctx.metrics.restarts.get_or_create(&RoleLabel { role: role.name().to_owned() }).inc();
+    }
+    execute(job, ctx, &plan).await?;
+    if plan.delete_job {
+        tracing::info!(job = %name, "deleting finished job: ttlSecondsAfterFinished expired");
+        let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), &ns);
+        delete(&api, &name, "TrainingJob", &DeleteParams::background()).await?;
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(plan.requeue_after))
+}
+
+/// Retries a failed reconcile after a short pause; the error is logged with its category.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), category = error.category(), error = %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Counts the cached jobs by phase.
+pub fn count_phases(store: &Store<TrainingJob>) -> Vec<(&'static str, i64)> {
+    let mut counts: std::collections::BTreeMap<&'static str, i64> = std::collections::BTreeMap::new();
+    for job in store.state() {
+        *counts.entry(plan::phase_name(job.status.as_ref().and_then(|s| s.phase))).or_default() += 1;
+    }
+    counts.into_iter().collect()
+}
+
+/// Scope of the controller.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    /// Watch one namespace; `None` watches all.
+    pub namespace: Option<String>,
+}
+
+fn api_for<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match &scope.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The controller, ready to run: call [`Prepared::run`]. Its store feeds the jobs gauge.
+pub struct Prepared {
+    controller: Controller<TrainingJob>,
+    ctx: Arc<Context>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// Sets up the watches on TrainingJobs, their pods and their ConfigMaps.
+    pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
+        let owned = watcher::Config::default().labels(&format!(
+            "{}={}",
+            names::LABEL_MANAGED_BY,
+            names::FIELD_MANAGER
+        ));
+        let controller =
+            Controller::new(api_for::<TrainingJob>(&ctx.client, scope), watcher::Config::default())
+                .owns(api_for::<Pod>(&ctx.client, scope), owned.clone())
+                .owns(api_for::<ConfigMap>(&ctx.client, scope), owned);
+        Self { controller, ctx }
+    }
+
+    /// The cache of TrainingJobs.
+    pub fn store(&self) -> Store<TrainingJob> {
+        self.controller.store()
+    }
+
+    /// Runs until `shutdown` completes; reconciles in flight finish first.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+        self.controller
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile, error_policy, self.ctx)
+            .for_each(|result| async move {
+                match result {
+                    Ok((job, _)) => tracing::debug!(job = %job.name, "reconciled"),
+                    Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
+                }
+            })
+            .await;
+    }
+}

@@ -1,0 +1,124 @@
+//! Secret material the operator generates once per job: the job token and the SSH key pair of
+//! `backend: mpi` jobs.
+//!
+//! Guarantees: keys and tokens come from the operating system's CSPRNG (through `ring`); the SSH
+//! key pair is Ed25519 in OpenSSH's own formats, which OpenSSH's `ssh`/`sshd` read directly.
+//! Generation happens only when the Secret does not exist yet, so a reconcile never rotates a
+//! key under running pods.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use ring::rand::{SecureRandom, SystemRandom};
+use ring::signature::{Ed25519KeyPair, KeyPair};
+
+use crate::builder::SshKeys;
+
+/// The system's random source failed.
+#[derive(Debug, thiserror::Error)]
+#[error("the system random number generator failed; check /dev/urandom and the getrandom syscall")]
+pub struct RandomError;
+
+fn random<const N: usize>() -> Result<[u8; N], RandomError> {
+    let mut bytes = [0u8; N];
+    SystemRandom::new().fill(&mut bytes).map_err(|_| RandomError)?;
+    Ok(bytes)
+}
+
+/// A fresh job token: 32 random bytes, hex-encoded.
+pub fn job_token() -> Result<String, RandomError> {
+    Ok(random::<32>()?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A fresh Ed25519 SSH key pair labelled `comment`.
+pub fn ssh_keys(comment: &str) -> Result<SshKeys, RandomError> {
+    let seed = random::<32>()?;
+    let check = u32::from_be_bytes(random::<4>()?);
+    let pair = Ed25519KeyPair::from_seed_unchecked(&seed).map_err(|_| RandomError)?;
+    Ok(openssh_keys(&seed, pair.public_key().as_ref(), check, comment))
+}
+
+fn put_string(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Lengths here are at most a few hundred bytes.
+    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Encodes a key pair in the `openssh-key-v1` format (unencrypted) and the public-key line.
+fn openssh_keys(seed: &[u8; 32], public: &[u8], check: u32, comment: &str) -> SshKeys {
+    const KEY_TYPE: &[u8] = b"ssh-ed25519";
+    let mut public_blob = Vec::new();
+    put_string(&mut public_blob, KEY_TYPE);
+    put_string(&mut public_blob, public);
+
+    let mut private = Vec::new();
+    private.extend_from_slice(&check.to_be_bytes());
+    private.extend_from_slice(&check.to_be_bytes());
+    put_string(&mut private, KEY_TYPE);
+    put_string(&mut private, public);
+    let mut secret = seed.to_vec();
+    secret.extend_from_slice(public);
+    put_string(&mut private, &secret);
+    put_string(&mut private, comment.as_bytes());
+    let mut pad = 1u8;
+    while private.len() % 8 != 0 {
+        private.push(pad);
+        pad += 1;
+    }
+
+    let mut blob = b"openssh-key-v1\0".to_vec();
+    put_string(&mut blob, b"none");
+    put_string(&mut blob, b"none");
+    put_string(&mut blob, b"");
+    blob.extend_from_slice(&1u32.to_be_bytes());
+    put_string(&mut blob, &public_blob);
+    put_string(&mut blob, &private);
+
+    let encoded = STANDARD.encode(&blob);
+    let mut pem = String::from("-----BEGIN OPENSSH PRIVATE KEY-----\n");
+    for line in encoded.as_bytes().chunks(70) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END OPENSSH PRIVATE KEY-----\n");
+    SshKeys {
+        private_key: pem,
+        public_key: format!("ssh-ed25519 {} {comment}\n", STANDARD.encode(&public_blob)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_hex() {
+        let (a, b) = (job_token().unwrap(), job_token().unwrap());
+        assert_eq!(a.len(), 64);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    /// OpenSSH itself must read the private key and derive the same public key from it.
+    #[test]
+    fn ssh_keygen_reads_the_private_key_back() {
+        let keys = ssh_keys("tandem@test").unwrap();
+        let dir = std::env::temp_dir().join(format!("tandem-ssh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("id_ed25519");
+        std::fs::write(&path, &keys.private_key).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let out = std::process::Command::new("ssh-keygen").arg("-y").arg("-f").arg(&path).output();
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = out.expect("ssh-keygen (openssh-client) must be installed for this test");
+        assert!(
+            out.status.success(),
+            "ssh-keygen rejected the key: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let derived = String::from_utf8_lossy(&out.stdout);
+        let derived_key = derived.split_whitespace().nth(1).unwrap();
+        let our_key = keys.public_key.split_whitespace().nth(1).unwrap();
+        assert_eq!(derived_key, our_key);
+    }
+}

@@ -1,0 +1,96 @@
+//! Validation: the checks a TrainingJob must pass before the operator builds anything for it.
+//!
+//! Guarantees: validation never touches the API server and never panics; every rejection says
+//! which field is wrong and what to change. It repeats the CRD's CEL rules (so an API server
+//! without them, or an old CRD, cannot slip a bad spec through) and adds what CEL cannot see:
+//! the lengths of the names derived from the job's name.
+
+use kube::ResourceExt;
+use tandem_api::{Role, TrainingJob};
+
+use crate::names;
+
+/// Longest DNS label: pod host names and Service names must fit.
+const MAX_LABEL: usize = 63;
+
+/// Why a job cannot be reconciled.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ValidationError {
+    /// The spec breaks a cross-field rule.
+    #[error("{0}")]
+    Spec(String),
+    /// The job's name is not usable for the Service or pods.
+    #[error(
+        "TrainingJob name {name:?} is not usable: {why}; recreate the job under a shorter name of lower-case letters, digits and '-', starting with a letter"
+    )]
+    Name {
+        /// The job's name.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The object lacks server-set metadata (namespace, uid) that owner references need.
+    #[error("TrainingJob {0} has no {1}: it must come from the API server")]
+    Metadata(String, &'static str),
+}
+
+/// Checks `job`; `Ok` means [`crate::builder`] can build every child.
+pub fn validate(job: &TrainingJob) -> Result<(), ValidationError> {
+    let name = job.name_any();
+    if job.namespace().is_none() {
+        return Err(ValidationError::Metadata(name, "namespace"));
+    }
+    if job.uid().is_none() {
+        return Err(ValidationError::Metadata(name, "uid"));
+    }
+    job.spec.validate().map_err(|e| ValidationError::Spec(e.0))?;
+    validate_name(&name, job.spec.workers.max_groups, job.spec.workers.group_size)
+}
+
+/// The job name is the headless Service's name (a DNS-1035 label) and prefixes every pod's
+/// host name (a DNS-1123 label), so the longest pod name must stay within 63 characters.
+fn validate_name(name: &str, max_groups: u32, group_size: u32) -> Result<(), ValidationError> {
+    let bad = |why: String| Err(ValidationError::Name { name: name.to_owned(), why });
+    let first_is_letter = name.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+    let charset = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !first_is_letter || !charset || name.ends_with('-') {
+        return bad("it must be a DNS-1035 label (it names the job's headless Service)".to_owned());
+    }
+    let last_group = max_groups.saturating_sub(1);
+    // On a tie the last wins: the launcher, the name users recognise.
+    let longest = [
+        names::hostfile(name, last_group),
+        names::pod(name, Role::Worker { group: last_group, rank: group_size.saturating_sub(1) }),
+        names::pod(name, Role::Launcher { group: last_group }),
+    ]
+    .into_iter()
+    .max_by_key(String::len)
+    .unwrap_or_default();
+    if longest.len() > MAX_LABEL {
+        return bad(format!(
+            "the derived name {longest:?} has {} characters, more than the {MAX_LABEL} a DNS label allows",
+            longest.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_are_rejected_with_the_derived_name() {
+        let name = "a".repeat(52);
+        let err = validate_name(&name, 8, 4).unwrap_err();
+        assert!(err.to_string().contains("-g7-launcher"), "{err}");
+        assert!(validate_name("mnist", 1024, 1024).is_ok());
+    }
+
+    #[test]
+    fn names_that_cannot_name_a_service_are_rejected() {
+        for name in ["1abc", "Abc", "ab_c", "abc-"] {
+            assert!(validate_name(name, 1, 1).is_err(), "{name}");
+        }
+    }
+}

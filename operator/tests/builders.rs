@@ -1,0 +1,202 @@
+//! Builders and validation from YAML fixtures: what the operator creates for a job, without an
+//! API server.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::ResourceExt;
+use tandem_api::contract::{self, env};
+use tandem_api::{JobConfig, LaunchEnv, Role, TrainingJob};
+use tandem_operator::{builder, names, validate};
+
+fn fixture(name: &str) -> TrainingJob {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn main_container(pod: &Pod) -> &Container {
+    let spec = pod.spec.as_ref().unwrap();
+    spec.containers.iter().find(|c| c.name == names::CONTAINER).expect("a container named tandem")
+}
+
+fn env_map(c: &Container) -> BTreeMap<String, String> {
+    c.env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect()
+}
+
+#[test]
+fn fixtures_pass_validation_except_the_invalid_one() {
+    for name in ["hybrid.yaml", "mpi.yaml", "efa-template.yaml"] {
+        validate::validate(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let err = validate::validate(&fixture("invalid-name.yaml")).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("-g7-launcher") && text.contains("63"), "{text}");
+}
+
+#[test]
+fn pods_carry_the_launch_contract_that_the_trainer_reads_back() {
+    let job = fixture("hybrid.yaml");
+    for (role, attempt) in [(Role::Ps { index: 1 }, 0), (Role::Worker { group: 1, rank: 0 }, 2)] {
+        let pod = builder::pod(&job, role, attempt);
+        assert_eq!(pod.name_any(), names::pod("mnist-hybrid", role));
+        assert_eq!(pod.namespace().as_deref(), Some("research"));
+        let c = main_container(&pod);
+        let vars = env_map(c);
+        // The trainer side of the contract parses these variables (the pod IP fills TANDEM_BIND).
+        let launch = LaunchEnv::from_lookup(|k| {
+            if k == env::BIND { Some("10.0.0.7".to_owned()) } else { vars.get(k).cloned() }
+        })
+        .unwrap();
+        assert_eq!(launch.role, role);
+        assert_eq!(launch.attempt, attempt);
+        assert_eq!(launch.config.to_str(), Some("/etc/tandem/job.json"));
+        let bind = c.env.iter().flatten().find(|e| e.name == env::BIND).unwrap();
+        let field = bind.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+        assert_eq!(field.field_path, "status.podIP");
+        // The config and token are mounted where the variables point.
+        let mounts: Vec<_> = c.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
+        assert!(mounts.contains(&"/etc/tandem") && mounts.contains(&"/var/run/tandem"), "{mounts:?}");
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.subdomain.as_deref(), Some("mnist-hybrid"));
+        assert_eq!(spec.hostname, pod.metadata.name);
+        let owner = &pod.owner_references()[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("TrainingJob", Some(true)));
+        assert_eq!(owner.uid, "7c1a2b3c-0000-4000-8000-000000000001");
+        assert_eq!(names::role_of(pod.labels()), Some(role));
+        assert_eq!(pod.labels()["app.kubernetes.io/managed-by"], "tandem-operator");
+        assert_eq!(c.command.as_deref(), Some(&["tandem".to_owned(), role.name().to_owned()][..]));
+    }
+}
+
+#[test]
+fn job_config_lists_every_ps_and_group_by_dns_name() {
+    let job = fixture("hybrid.yaml");
+    let cm = builder::config_map(&job);
+    assert_eq!(cm.name_any(), "mnist-hybrid-config");
+    let config = JobConfig::from_json(&cm.data.unwrap()[contract::CONFIG_FILE]).unwrap();
+    assert_eq!(config.job_name, "mnist-hybrid");
+    assert_eq!(config.parameter_servers.len(), 2);
+    assert_eq!(config.parameter_servers[1].to_string(), "mnist-hybrid-ps-1.mnist-hybrid.research.svc:7070");
+    assert_eq!(config.groups.len(), 2);
+    assert_eq!(
+        config.group(1).unwrap().peers[1].to_string(),
+        "mnist-hybrid-g1-1.mnist-hybrid.research.svc:7071"
+    );
+    assert_eq!(config.spec, job.spec);
+}
+
+#[test]
+fn service_is_headless_and_publishes_unready_pods() {
+    let svc = builder::service(&fixture("mpi.yaml"));
+    let spec = svc.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.publish_not_ready_addresses, Some(true));
+    let ports: Vec<i32> = spec.ports.unwrap().iter().map(|p| p.port).collect();
+    assert_eq!(ports, vec![7070, 7071, 2222]);
+    assert_eq!(spec.selector.unwrap()[names::LABEL_JOB], "bert");
+}
+
+#[test]
+fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
+    let job = fixture("mpi.yaml");
+    let hostfile = builder::hostfile(&job, 1);
+    assert_eq!(hostfile.name_any(), "bert-g1-hostfile");
+    assert_eq!(
+        hostfile.data.unwrap()["hostfile"],
+        "bert-g1-0.bert.nlp.svc slots=1\nbert-g1-1.bert.nlp.svc slots=1\nbert-g1-2.bert.nlp.svc slots=1\n"
+    );
+    let worker = builder::pod(&job, Role::Worker { group: 1, rank: 2 }, 0);
+    let c = main_container(&worker);
+    assert_eq!(c.command.as_ref().unwrap()[0], "/usr/sbin/sshd");
+    let probe = c.readiness_probe.as_ref().unwrap().tcp_socket.as_ref().unwrap();
+    assert_eq!(probe.port, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2222));
+    let launcher = builder::pod(&job, Role::Launcher { group: 1 }, 0);
+    let lc = main_container(&launcher);
+    assert_eq!(lc.command.as_deref(), Some(&["tandem".to_owned(), "launcher".to_owned()][..]));
+    let vars = env_map(lc);
+    assert_eq!(vars["OMPI_MCA_orte_default_hostfile"], "/etc/tandem/mpi/hostfile");
+    assert!(vars["OMPI_MCA_plm_rsh_args"].contains("-p 2222"));
+    let volumes = launcher.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+    let hostfile_volume = volumes.iter().find(|v| v.name == "tandem-hostfile").unwrap();
+    assert_eq!(hostfile_volume.config_map.as_ref().unwrap().name, "bert-g1-hostfile");
+    let ssh = volumes.iter().find(|v| v.name == "tandem-ssh").unwrap().secret.as_ref().unwrap();
+    assert_eq!(ssh.secret_name.as_deref(), Some("bert-ssh"));
+    assert!(ssh.items.as_ref().unwrap().iter().any(|i| i.path == "authorized_keys"));
+    // The launcher needs no RDMA device and does not carry the workers' resources.
+    assert!(lc.resources.is_none());
+}
+
+#[test]
+fn infiniband_preset_requests_the_configured_device_and_pins_memory() {
+    let job = fixture("mpi.yaml");
+    let worker = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 0);
+    let c = main_container(&worker);
+    let resources = c.resources.as_ref().unwrap();
+    assert_eq!(resources.limits.as_ref().unwrap()["rdma/ib"].0, "2");
+    assert_eq!(resources.requests.as_ref().unwrap()["rdma/ib"].0, "2");
+    assert_eq!(resources.limits.as_ref().unwrap()["cpu"].0, "8", "user resources kept");
+    let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap();
+    assert_eq!(caps.add.as_deref(), Some(&["IPC_LOCK".to_owned()][..]));
+    assert_eq!(env_map(c)["OMPI_MCA_pml"], "ucx");
+    assert!(c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/dev/shm"));
+    // PS pods are plain TCP.
+    let ps = builder::pod(&job, Role::Ps { index: 0 }, 0);
+    assert!(main_container(&ps).security_context.is_none());
+}
+
+#[test]
+fn gang_scheduling_builds_a_volcano_pod_group_without_launchers() {
+    let job = fixture("mpi.yaml");
+    let pg = builder::pod_group(&job);
+    assert_eq!(pg.types.as_ref().unwrap().api_version, "scheduling.volcano.sh/v1beta1");
+    assert_eq!(pg.data["spec"]["minMember"], 7, "1 PS + 2 groups x 3 ranks, launchers excluded");
+    assert_eq!(pg.data["spec"]["queue"], "research");
+    assert_eq!(pg.data["spec"]["priorityClassName"], "high");
+    let worker = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 0);
+    assert_eq!(worker.annotations()[builder::VOLCANO_GROUP_ANNOTATION], "bert");
+    let spec = worker.spec.unwrap();
+    assert_eq!(spec.scheduler_name.as_deref(), Some("volcano"));
+    assert_eq!(spec.priority_class_name.as_deref(), Some("high"));
+}
+
+#[test]
+fn user_template_is_kept_under_the_operator_settings() {
+    let job = fixture("efa-template.yaml");
+    let pod = builder::pod(&job, Role::Worker { group: 0, rank: 1 }, 0);
+    assert_eq!(pod.labels()["team"], "vision");
+    assert_eq!(pod.annotations()["sidecar.istio.io/inject"], "false");
+    assert_eq!(pod.labels()[builder::SCHEDULER_PLUGINS_GROUP_LABEL], "resnet");
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.scheduler_name.as_deref(), Some(builder::SCHEDULER_PLUGINS_SCHEDULER));
+    assert_eq!(spec.node_selector.as_ref().unwrap()["node.kubernetes.io/instance-type"], "p5.48xlarge");
+    assert_eq!(spec.tolerations.as_ref().unwrap().len(), 1);
+    assert_eq!(spec.containers.len(), 1);
+    let c = main_container(&pod);
+    assert_eq!(c.image.as_deref(), Some("registry.example/resnet:2"), "the template's image wins");
+    let vars = env_map(c);
+    assert_eq!(vars["NCCL_DEBUG"], "INFO");
+    assert_eq!(vars["FI_PROVIDER"], "user-choice", "a user's variable is not overridden by the preset");
+    assert_eq!(vars["FI_EFA_USE_DEVICE_RDMA"], "1");
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits[builder::EFA_RESOURCE].0, "32");
+    assert_eq!(limits["hugepages-2Mi"].0, "5120Mi");
+    let volumes = spec.volumes.as_ref().unwrap();
+    assert!(volumes.iter().any(|v| v.name == "data"), "user volume kept");
+    let output = volumes.iter().find(|v| v.name == "tandem-output").unwrap();
+    assert_eq!(output.persistent_volume_claim.as_ref().unwrap().claim_name, "ckpt");
+    assert!(c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/data"));
+    let pg = builder::pod_group(&job);
+    assert_eq!(pg.types.as_ref().unwrap().api_version, "scheduling.x-k8s.io/v1alpha1");
+    assert_eq!(pg.data["spec"]["minMember"], 2);
+}
+
+#[test]
+fn the_same_job_always_builds_the_same_objects() {
+    let job = fixture("mpi.yaml");
+    let a = serde_json::to_string(&builder::pod(&job, Role::Launcher { group: 0 }, 1)).unwrap();
+    let b = serde_json::to_string(&builder::pod(&job, Role::Launcher { group: 0 }, 1)).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(builder::config_map(&job), builder::config_map(&job));
+}

@@ -1,0 +1,538 @@
+//! The operator against a real kube-apiserver (`make cluster-up`): jobs are created as a user
+//! would, pod phases and exit codes are set through the API as a kubelet would, and the
+//! operator acts only as the ServiceAccount bound to `operator/rbac/clusterrole.yaml`
+//! (impersonation), so a missing RBAC rule fails these tests.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tandem_api::{JobConfig, JobPhase, TrainingJob};
+use tandem_operator::metrics::Metrics;
+use tandem_operator::{Context, Prepared, Scope, Settings, names};
+use tandem_testkit::{TestCluster, TestNamespace, parse_manifests};
+use tokio::sync::watch;
+
+/// Generous: two busy cores run the control plane, the operator and the test.
+const WAIT: Duration = Duration::from_secs(60);
+const SA: &str = "tandem-operator";
+
+struct Harness {
+    cluster: TestCluster,
+    ns: TestNamespace,
+    stop: watch::Sender<bool>,
+    operator: tokio::task::JoinHandle<()>,
+    binding: String,
+    metrics: Metrics,
+}
+
+impl Harness {
+    async fn start(prefix: &str) -> Self {
+        let cluster =
+            TestCluster::connect().await.expect("control plane up (make cluster-up, KUBECONFIG set)");
+        cluster.install_crds(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds")).await.unwrap();
+        let ns = cluster.namespace(prefix).await.unwrap();
+        let rbac =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/rbac/clusterrole.yaml")).unwrap();
+        for manifest in parse_manifests(&rbac, "operator/rbac/clusterrole.yaml").unwrap() {
+            cluster.apply(ns.name(), &manifest).await.unwrap();
+        }
+        let binding = format!("tandem-operator-{}", ns.name());
+        let subject = json!([{"kind": "ServiceAccount", "name": SA, "namespace": ns.name()}]);
+        cluster
+            .apply(
+                ns.name(),
+                &json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": binding},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tandem-operator"},
+                    "subjects": subject,
+                }),
+            )
+            .await
+            .unwrap();
+        let client = cluster.impersonate(ns.name(), SA).unwrap();
+        let metrics = Metrics::default();
+        let settings =
+            Settings { force_delete_after: Duration::from_secs(1), resync: Duration::from_secs(5) };
+        let ctx = Arc::new(Context::new(client, metrics.clone(), settings, Some("test".to_owned())));
+        let (stop, rx) = watch::channel(false);
+        let prepared = Prepared::new(ctx, &Scope { namespace: Some(ns.name().to_owned()) });
+        let operator = tokio::spawn(prepared.run(async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+        Self { cluster, ns, stop, operator, binding, metrics }
+    }
+
+    fn admin(&self) -> Client {
+        self.cluster.client()
+    }
+
+    fn jobs(&self) -> Api<TrainingJob> {
+        self.ns.api()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        self.ns.api()
+    }
+
+    async fn create_job(&self, yaml: &str) -> TrainingJob {
+        let job: TrainingJob = serde_yaml::from_str(yaml).unwrap();
+        self.jobs().create(&PostParams::default(), &job).await.unwrap()
+    }
+
+    async fn job(&self, name: &str) -> TrainingJob {
+        self.jobs().get(name).await.unwrap()
+    }
+
+    async fn pod_names(&self, job: &str) -> Vec<String> {
+        let list = self
+            .pods()
+            .list(&ListParams::default().labels(&format!("{}={job}", names::LABEL_JOB)))
+            .await
+            .unwrap();
+        let mut names: Vec<String> = list.items.iter().map(|p| p.name_any()).collect();
+        names.sort();
+        names
+    }
+
+    /// Sets a pod's phase as a kubelet would; `exit` adds a terminated `tandem` container.
+    async fn set_pod(&self, pod: &str, phase: &str, ready: bool, exit: Option<i32>) {
+        let mut status = json!({
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+        });
+        if let Some(code) = exit {
+            status["containerStatuses"] = json!([{
+                "name": "tandem", "image": "tandem-trainer:0.1", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"}}},
+            }]);
+        }
+        self.pods()
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .await
+            .unwrap();
+    }
+
+    async fn run_all(&self, job: &str) {
+        for pod in self.pod_names(job).await {
+            self.set_pod(&pod, "Running", true, None).await;
+        }
+    }
+
+    async fn events(&self, job: &str) -> Vec<Event> {
+        let events: Api<Event> = self.ns.api();
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(job))
+            .collect()
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(WAIT, self.operator).await;
+        let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(self.admin());
+        let _ = bindings.delete(&self.binding, &DeleteParams::default()).await;
+        self.ns.cleanup().await.unwrap();
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing with `what` and the last state after [`WAIT`].
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(state) if tokio::time::Instant::now() > deadline => {
+                panic!("timed out waiting for {what}; last: {state}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+async fn wait_phase(h: &Harness, job: &str, phase: JobPhase) -> TrainingJob {
+    wait_for(&format!("{job} phase {phase:?}"), || async {
+        let j = h.job(job).await;
+        match j.status.as_ref().and_then(|s| s.phase) {
+            Some(p) if p == phase => Ok(j),
+            _ => Err(format!("{:?}", j.status)),
+        }
+    })
+    .await
+}
+
+async fn wait_pods(h: &Harness, job: &str, expected: &[&str]) {
+    wait_for(&format!("pods {expected:?}"), || async {
+        let names = h.pod_names(job).await;
+        if names == expected { Ok(()) } else { Err(format!("{names:?}")) }
+    })
+    .await
+}
+
+fn condition(
+    job: &TrainingJob,
+    type_: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    job.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_).cloned()
+}
+
+const HYBRID: &str = r#"
+apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: hybrid}
+spec:
+  training: {algorithm: hybrid, steps: 100}
+  parameterServers: {replicas: 1}
+  workers: {groups: 2, groupSize: 2, minGroups: 1, maxGroups: 3}
+  runPolicy: {maxRestarts: 2, backoffSeconds: 1}
+"#;
+
+#[tokio::test]
+async fn children_status_and_group_restart() {
+    let h = Harness::start("op-restart").await;
+    h.create_job(HYBRID).await;
+    let all = ["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1", "hybrid-ps-0"];
+    wait_pods(&h, "hybrid", &all).await;
+
+    // Children: headless Service, the contract ConfigMap, the token Secret, all owned by the job.
+    let job = wait_phase(&h, "hybrid", JobPhase::Created).await;
+    let uid = job.uid().unwrap();
+    let svc: Service = h.ns.api().get("hybrid").await.unwrap();
+    assert_eq!(svc.spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
+    assert_eq!(svc.owner_references()[0].uid, uid);
+    let cm: ConfigMap = h.ns.api().get("hybrid-config").await.unwrap();
+    let config = JobConfig::from_json(&cm.data.unwrap()["job.json"]).unwrap();
+    assert_eq!(config.groups.len(), 2);
+    assert_eq!(config.parameter_servers[0].host, format!("hybrid-ps-0.hybrid.{}.svc", h.ns.name()));
+    let secret: Secret = h.ns.api().get("hybrid-token").await.unwrap();
+    assert_eq!(secret.data.unwrap()["token"].0.len(), 64);
+    let pod = h.pods().get("hybrid-g1-0").await.unwrap();
+    assert_eq!(pod.owner_references()[0].uid, uid);
+    assert_eq!(pod.metadata.managed_fields.unwrap()[0].manager.as_deref(), Some("tandem-operator"));
+    assert_eq!(
+        job.status.as_ref().unwrap().selector.as_deref(),
+        Some("tandem.dev/job-name=hybrid,tandem.dev/role=worker")
+    );
+
+    // Every pod running: Running, with counts and a start time.
+    h.run_all("hybrid").await;
+    let job = wait_phase(&h, "hybrid", JobPhase::Running).await;
+    let status = job.status.unwrap();
+    assert_eq!(status.groups, 2);
+    assert_eq!(status.workers.unwrap().ready, 4);
+    assert!(status.start_time.is_some());
+    assert_eq!(status.observed_generation, job.metadata.generation);
+    let untouched: Vec<String> = {
+        let mut v = Vec::new();
+        for name in ["hybrid-ps-0", "hybrid-g0-0", "hybrid-g0-1"] {
+            v.push(h.pods().get(name).await.unwrap().uid().unwrap());
+        }
+        v
+    };
+
+    // A worker killed by SIGKILL (137): group 1 alone is restarted, as attempt 1.
+    h.set_pod("hybrid-g1-0", "Failed", false, Some(137)).await;
+    let job = wait_for("restart recorded", || async {
+        let j = h.job("hybrid").await;
+        if j.status.as_ref().is_some_and(|s| s.restarts == 1) {
+            Ok(j)
+        } else {
+            Err(format!("{:?}", j.status))
+        }
+    })
+    .await;
+    let restarting = condition(&job, "Restarting").unwrap();
+    assert_eq!(restarting.reason, "WorkerFailed");
+    assert!(
+        restarting.message.contains("hybrid-g1-0") && restarting.message.contains("137"),
+        "{}",
+        restarting.message
+    );
+    wait_for("group 1 recreated at attempt 1", || async {
+        let p = h.pods().get_opt("hybrid-g1-1").await.unwrap();
+        match p {
+            Some(p) if p.labels().get(names::LABEL_ATTEMPT).map(String::as_str) == Some("1") => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.labels().clone()))),
+        }
+    })
+    .await;
+    for (name, uid) in ["hybrid-ps-0", "hybrid-g0-0", "hybrid-g0-1"].iter().zip(&untouched) {
+        assert_eq!(&h.pods().get(name).await.unwrap().uid().unwrap(), uid, "{name} must not be restarted");
+    }
+    wait_pods(&h, "hybrid", &all).await;
+    h.set_pod("hybrid-g1-0", "Running", true, None).await;
+    h.set_pod("hybrid-g1-1", "Running", true, None).await;
+    let job = wait_phase(&h, "hybrid", JobPhase::Running).await;
+    assert_eq!(condition(&job, "Restarting").unwrap().status, "False");
+
+    // Events for the transitions, naming the pod and exit code.
+    let events = h.events("hybrid").await;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("WorkerFailed")
+            && e.note.as_deref().is_some_and(|n| n.contains("hybrid-g1-0") && n.contains("137"))),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|e| e.reason.as_deref() == Some("AllPodsRunning")), "{events:?}");
+
+    // The metrics saw the restart.
+    assert!(h.metrics.encode().contains("tandem_operator_restarts_total{role=\"worker\"} 1"));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn permanent_failure_fails_the_job_and_cleans_running_pods() {
+    let h = Harness::start("op-fail").await;
+    h.create_job(HYBRID).await;
+    wait_pods(&h, "hybrid", &["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1", "hybrid-ps-0"])
+        .await;
+    h.run_all("hybrid").await;
+    wait_phase(&h, "hybrid", JobPhase::Running).await;
+    h.set_pod("hybrid-g0-1", "Failed", false, Some(3)).await;
+    let job = wait_phase(&h, "hybrid", JobPhase::Failed).await;
+    let failed = condition(&job, "Failed").unwrap();
+    assert_eq!(failed.reason, "WorkerFailed");
+    assert!(failed.message.contains("pod hybrid-g0-1 exited with code 3"), "{}", failed.message);
+    assert!(job.status.unwrap().completion_time.is_some());
+    // cleanPodPolicy Running: the failed pod stays for its logs, the running ones go.
+    wait_pods(&h, "hybrid", &["hybrid-g0-1"]).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn scale_subresource_adds_and_removes_whole_groups() {
+    let h = Harness::start("op-scale").await;
+    h.create_job(HYBRID).await;
+    wait_pods(&h, "hybrid", &["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1", "hybrid-ps-0"])
+        .await;
+    h.run_all("hybrid").await;
+    wait_phase(&h, "hybrid", JobPhase::Running).await;
+
+    // kubectl scale tj/hybrid --replicas=3
+    let scale = |n: u32| json!({"spec": {"replicas": n}});
+    h.jobs().patch_scale("hybrid", &PatchParams::default(), &Patch::Merge(scale(3))).await.unwrap();
+    wait_pods(
+        &h,
+        "hybrid",
+        &[
+            "hybrid-g0-0",
+            "hybrid-g0-1",
+            "hybrid-g1-0",
+            "hybrid-g1-1",
+            "hybrid-g2-0",
+            "hybrid-g2-1",
+            "hybrid-ps-0",
+        ],
+    )
+    .await;
+    let job = wait_phase(&h, "hybrid", JobPhase::Scaling).await;
+    assert_eq!(condition(&job, "Scaling").unwrap().status, "True");
+    let cm: ConfigMap = h.ns.api().get("hybrid-config").await.unwrap();
+    assert_eq!(JobConfig::from_json(&cm.data.unwrap()["job.json"]).unwrap().groups.len(), 3);
+    h.set_pod("hybrid-g2-0", "Running", true, None).await;
+    h.set_pod("hybrid-g2-1", "Running", true, None).await;
+    let job = wait_phase(&h, "hybrid", JobPhase::Running).await;
+    assert_eq!(job.status.unwrap().groups, 3);
+    let read = h.jobs().get_scale("hybrid").await.unwrap();
+    assert_eq!(read.status.unwrap().replicas, 3);
+
+    // Out of range: the API server refuses with the CEL message.
+    let err =
+        h.jobs().patch_scale("hybrid", &PatchParams::default(), &Patch::Merge(scale(4))).await.unwrap_err();
+    assert!(err.to_string().contains("maxGroups"), "{err}");
+
+    h.jobs().patch_scale("hybrid", &PatchParams::default(), &Patch::Merge(scale(1))).await.unwrap();
+    wait_pods(&h, "hybrid", &["hybrid-g0-0", "hybrid-g0-1", "hybrid-ps-0"]).await;
+    let job = wait_phase(&h, "hybrid", JobPhase::Running).await;
+    assert_eq!(job.status.unwrap().groups, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn suspend_resume_success_and_ttl() {
+    let h = Harness::start("op-suspend").await;
+    let yaml = HYBRID.replace("backoffSeconds: 1}", "backoffSeconds: 1, ttlSecondsAfterFinished: 2}");
+    h.create_job(&yaml).await;
+    let all = ["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1", "hybrid-ps-0"];
+    wait_pods(&h, "hybrid", &all).await;
+
+    let suspend = |s: bool| Patch::Merge(json!({"spec": {"runPolicy": {"suspend": s}}}));
+    h.jobs().patch("hybrid", &PatchParams::default(), &suspend(true)).await.unwrap();
+    let job = wait_phase(&h, "hybrid", JobPhase::Suspended).await;
+    assert_eq!(condition(&job, "Suspended").unwrap().status, "True");
+    wait_pods(&h, "hybrid", &[]).await;
+    assert!(h.ns.api::<ConfigMap>().get_opt("hybrid-config").await.unwrap().is_some(), "job objects kept");
+
+    h.jobs().patch("hybrid", &PatchParams::default(), &suspend(false)).await.unwrap();
+    wait_pods(&h, "hybrid", &all).await;
+    let job = wait_for("resumed", || async {
+        let j = h.job("hybrid").await;
+        match condition(&j, "Suspended") {
+            Some(c) if c.status == "False" && c.reason == "Resumed" => Ok(j),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_ne!(job.status.unwrap().phase, Some(JobPhase::Suspended));
+
+    // Every worker exits 0: the job succeeds, the PS (still running) is cleaned up.
+    h.run_all("hybrid").await;
+    wait_phase(&h, "hybrid", JobPhase::Running).await;
+    for pod in ["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1"] {
+        h.set_pod(pod, "Succeeded", false, Some(0)).await;
+    }
+    let job = wait_phase(&h, "hybrid", JobPhase::Succeeded).await;
+    assert_eq!(condition(&job, "Succeeded").unwrap().reason, "TrainingSucceeded");
+    // ttlSecondsAfterFinished: 2 deletes the TrainingJob itself.
+    wait_for("job deleted by its TTL", || async {
+        match h.jobs().get_opt("hybrid").await.unwrap() {
+            None => Ok(()),
+            Some(j) => Err(format!("{:?}", j.status.map(|s| s.phase))),
+        }
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn mpi_launcher_starts_only_after_its_workers_are_ready() {
+    let h = Harness::start("op-mpi").await;
+    h.create_job(
+        r#"
+apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: mpi}
+spec:
+  training: {algorithm: hybrid, steps: 100}
+  parameterServers: {replicas: 1}
+  workers: {groups: 2, groupSize: 2, minGroups: 1, maxGroups: 2, backend: mpi}
+"#,
+    )
+    .await;
+    wait_pods(&h, "mpi", &["mpi-g0-0", "mpi-g0-1", "mpi-g1-0", "mpi-g1-1", "mpi-ps-0"]).await;
+    let ssh: Secret = h.ns.api().get("mpi-ssh").await.unwrap();
+    assert_eq!(ssh.type_.as_deref(), Some("kubernetes.io/ssh-auth"));
+    let private = ssh.data.as_ref().unwrap()["ssh-privatekey"].0.clone();
+    let hostfile: ConfigMap = h.ns.api().get("mpi-g1-hostfile").await.unwrap();
+    assert_eq!(
+        hostfile.data.unwrap()["hostfile"],
+        format!("mpi-g1-0.mpi.{0}.svc slots=1\nmpi-g1-1.mpi.{0}.svc slots=1\n", h.ns.name())
+    );
+    // Group 0 ready, group 1 running but not ready: only group 0's launcher.
+    h.set_pod("mpi-g0-0", "Running", true, None).await;
+    h.set_pod("mpi-g0-1", "Running", true, None).await;
+    h.set_pod("mpi-g1-0", "Running", true, None).await;
+    h.set_pod("mpi-g1-1", "Running", false, None).await;
+    wait_pods(&h, "mpi", &["mpi-g0-0", "mpi-g0-1", "mpi-g0-launcher", "mpi-g1-0", "mpi-g1-1", "mpi-ps-0"])
+        .await;
+    h.set_pod("mpi-g1-1", "Running", true, None).await;
+    wait_pods(
+        &h,
+        "mpi",
+        &["mpi-g0-0", "mpi-g0-1", "mpi-g0-launcher", "mpi-g1-0", "mpi-g1-1", "mpi-g1-launcher", "mpi-ps-0"],
+    )
+    .await;
+    // The key is generated once: later reconciles leave it alone.
+    let again: Secret = h.ns.api().get("mpi-ssh").await.unwrap();
+    assert_eq!(again.data.unwrap()["ssh-privatekey"].0, private);
+    // Launchers decide their group.
+    h.set_pod("mpi-g0-launcher", "Succeeded", false, Some(0)).await;
+    h.set_pod("mpi-g1-launcher", "Succeeded", false, Some(0)).await;
+    wait_phase(&h, "mpi", JobPhase::Succeeded).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn pod_stuck_terminating_on_a_lost_node_is_force_deleted() {
+    let h = Harness::start("op-lost").await;
+    h.create_job(&HYBRID.replace("groups: 2,", "groups: 1,")).await;
+    wait_pods(&h, "hybrid", &["hybrid-g0-0", "hybrid-g0-1", "hybrid-ps-0"]).await;
+    // A node without a kubelet, reporting NotReady.
+    let node_name = format!("lost-{}", h.ns.name());
+    let nodes: Api<Node> = Api::all(h.admin());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}})).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let not_ready =
+        json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletDown"}]}});
+    nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Merge(not_ready)).await.unwrap();
+    // Bind a worker to it, as the scheduler would, and let it run.
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "hybrid-g0-0"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+    });
+    h.admin()
+        .request::<serde_json::Value>(http_request(
+            &format!("/api/v1/namespaces/{}/pods/hybrid-g0-0/binding", h.ns.name()),
+            &binding,
+        ))
+        .await
+        .unwrap();
+    h.run_all("hybrid").await;
+    wait_phase(&h, "hybrid", JobPhase::Running).await;
+    // The node is gone for good; something deletes the pod, which no kubelet will ever confirm.
+    h.pods()
+        .delete("hybrid-g0-0", &DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() })
+        .await
+        .unwrap();
+    // The operator restarts the group and force-deletes the stuck pod, so a new attempt appears.
+    wait_for("group 0 recreated after the stuck pod was force-deleted", || async {
+        match h.pods().get_opt("hybrid-g0-0").await.unwrap() {
+            Some(p) if p.labels().get(names::LABEL_ATTEMPT).map(String::as_str) == Some("1") => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| (p.labels().clone(), p.metadata.deletion_timestamp)))),
+        }
+    })
+    .await;
+    let job = h.job("hybrid").await;
+    assert!(condition(&job, "Restarting").unwrap().message.contains("hybrid-g0-0 was deleted"));
+    let _ = nodes.delete(&node_name, &DeleteParams::default()).await;
+    h.stop().await;
+}
+
+fn http_request(path: &str, body: &serde_json::Value) -> http::Request<Vec<u8>> {
+    http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn jobs_managed_by_another_controller_are_left_alone() {
+    let h = Harness::start("op-managed").await;
+    h.create_job(&HYBRID.replace("runPolicy: {", "runPolicy: {managedBy: kueue.x-k8s.io/multikueue, ")).await;
+    h.create_job(&HYBRID.replace("name: hybrid", "name: ours")).await;
+    // Once the operator handled the second job, it has seen the first too.
+    wait_phase(&h, "ours", JobPhase::Created).await;
+    assert!(h.pod_names("hybrid").await.is_empty());
+    assert!(h.job("hybrid").await.status.is_none());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_operator_role_grants_no_more_than_it_needs() {
+    let h = Harness::start("op-rbac").await;
+    let client = h.cluster.impersonate(h.ns.name(), SA).unwrap();
+    // Secrets can be read by name (the job token), never listed.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), h.ns.name());
+    let err = secrets.list(&ListParams::default()).await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403), "{err}");
+    // Pods are never patched: the operator deletes and recreates them.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), h.ns.name());
+    let err = pods.patch("x", &PatchParams::default(), &Patch::Merge(json!({}))).await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403), "{err}");
+    // Job specs are never written.
+    let jobs: Api<TrainingJob> = Api::namespaced(client, h.ns.name());
+    let err = jobs.patch("x", &PatchParams::default(), &Patch::Merge(json!({}))).await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403), "{err}");
+    h.stop().await;
+}

@@ -1,0 +1,420 @@
+//! The reconcile decisions — restart, scale, suspend, deadline, TTL, clean-up — on real
+//! builder output, without an API server.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
+use tandem_operator::plan::{Observed, Plan, Settings, decide};
+use tandem_operator::{builder, names};
+
+fn fixture(name: &str) -> TrainingJob {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn t0() -> Timestamp {
+    "2026-01-01T00:10:00Z".parse().unwrap()
+}
+
+fn at(seconds: i64) -> Timestamp {
+    t0().checked_add(SignedDuration::from_secs(seconds)).unwrap()
+}
+
+fn pod(job: &TrainingJob, role: Role, attempt: u32, phase: &str, ready: bool) -> Pod {
+    let mut pod = builder::pod(job, role, attempt);
+    pod.status = Some(PodStatus {
+        phase: Some(phase.to_owned()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".to_owned(),
+            status: if ready { "True" } else { "False" }.to_owned(),
+            ..PodCondition::default()
+        }]),
+        ..PodStatus::default()
+    });
+    pod
+}
+
+fn exited(mut pod: Pod, code: i32) -> Pod {
+    let status = pod.status.get_or_insert_with(PodStatus::default);
+    status.phase = Some(if code == 0 { "Succeeded" } else { "Failed" }.to_owned());
+    status.container_statuses = Some(vec![ContainerStatus {
+        name: names::CONTAINER.to_owned(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    }]);
+    pod
+}
+
+/// Every pod of the spec, all running and ready, at attempt 0.
+fn all_running(job: &TrainingJob) -> Vec<Pod> {
+    let mut pods = Vec::new();
+    for index in 0..job.spec.parameter_servers.replicas {
+        pods.push(pod(job, Role::Ps { index }, 0, "Running", true));
+    }
+    for group in 0..job.spec.workers.groups {
+        for rank in 0..job.spec.workers.group_size {
+            pods.push(pod(job, Role::Worker { group, rank }, 0, "Running", true));
+        }
+        if job.spec.workers.backend == tandem_api::Backend::Mpi {
+            pods.push(pod(job, Role::Launcher { group }, 0, "Running", true));
+        }
+    }
+    pods
+}
+
+fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
+    decide(job, &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
+}
+
+/// Applies a plan to the job and the pod list, like the controller and API server would.
+fn apply(job: &mut TrainingJob, pods: &mut Vec<Pod>, plan: &Plan) {
+    job.status = Some(plan.status.clone());
+    pods.retain(|p| !plan.delete.contains(&p.name_any()) && !plan.force_delete.contains(&p.name_any()));
+    for &(role, attempt) in &plan.create {
+        pods.push(pod(job, role, attempt, "Pending", false));
+    }
+}
+
+fn names_of(roles: &[(Role, u32)]) -> Vec<String> {
+    roles.iter().map(|(r, _)| names::pod("mnist-hybrid", *r)).collect()
+}
+
+fn condition<'a>(
+    plan: &'a Plan,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    plan.status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+#[test]
+fn a_new_job_creates_every_pod_in_a_fixed_order() {
+    let job = fixture("hybrid.yaml");
+    let plan = run(&job, &[], t0());
+    assert_eq!(
+        names_of(&plan.create),
+        [
+            "mnist-hybrid-ps-0",
+            "mnist-hybrid-ps-1",
+            "mnist-hybrid-g0-0",
+            "mnist-hybrid-g0-1",
+            "mnist-hybrid-g1-0",
+            "mnist-hybrid-g1-1"
+        ]
+    );
+    assert_eq!(plan.status.phase, Some(JobPhase::Created));
+    assert_eq!(plan.status.observed_generation, Some(3));
+    assert_eq!(
+        plan.status.selector.as_deref(),
+        Some("tandem.dev/job-name=mnist-hybrid,tandem.dev/role=worker")
+    );
+    assert!(plan.ensure_children);
+    assert_eq!(plan.events.len(), 1, "one event for the transition to Created");
+}
+
+#[test]
+fn running_pods_make_a_running_job_with_counts_and_start_time() {
+    let mut job = fixture("hybrid.yaml");
+    let mut pods = Vec::new();
+    let plan = run(&job, &pods, t0());
+    apply(&mut job, &mut pods, &plan);
+    let pods = all_running(&job);
+    let plan = run(&job, &pods, at(5));
+    assert_eq!(plan.status.phase, Some(JobPhase::Running));
+    assert_eq!(plan.status.start_time, Some(Time(at(5))));
+    assert_eq!(plan.status.groups, 2);
+    let workers = plan.status.workers.clone().unwrap();
+    assert_eq!((workers.total, workers.ready, workers.active), (4, 4, 4));
+    assert_eq!(plan.status.parameter_servers.clone().unwrap().active, 2);
+    assert!(plan.create.is_empty() && plan.delete.is_empty());
+    assert_eq!(condition(&plan, "Running").status, "True");
+    // Nothing changes on the next look: no event, same status.
+    job.status = Some(plan.status.clone());
+    let again = run(&job, &pods, at(9));
+    assert!(again.events.is_empty());
+    assert_eq!(again.status, plan.status);
+}
+
+#[test]
+fn a_signal_killed_worker_restarts_its_group_only_after_the_backoff() {
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    pods[3] = exited(pods[3].clone(), 137); // mnist-hybrid-g0-1
+    let plan = run(&job, &pods, at(10));
+    assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
+    assert_eq!(plan.status.restarts, 1);
+    let mut deleted = plan.delete.clone();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        ["mnist-hybrid-g0-0", "mnist-hybrid-g0-1"],
+        "group 0 only; group 1 and the PS keep running"
+    );
+    let c = condition(&plan, "Restarting");
+    assert_eq!(c.reason, "WorkerFailed");
+    assert!(c.message.contains("mnist-hybrid-g0-1") && c.message.contains("137"), "{}", c.message);
+    assert_eq!(plan.events.len(), 1);
+    assert!(plan.events[0].warning && plan.events[0].message.contains("exited with code 137"));
+    assert_eq!(plan.restarted, vec![Role::Worker { group: 0, rank: 1 }]);
+    assert_eq!(plan.status.attempts[0].unit, "group-0");
+    assert_eq!(plan.status.attempts[0].attempt, 1);
+
+    apply(&mut job, &mut pods, &plan);
+    // During the 10 s back-off the group stays away and the job is Restarting.
+    let waiting = run(&job, &pods, at(15));
+    assert!(waiting.create.is_empty(), "{:?}", waiting.create);
+    assert_eq!(waiting.status.phase, Some(JobPhase::Restarting));
+    assert!(waiting.requeue_after <= Duration::from_secs(5));
+    assert_eq!(waiting.status.groups, 1);
+    // Afterwards the group returns at attempt 1.
+    let back = run(&job, &pods, at(21));
+    assert_eq!(
+        back.create,
+        vec![(Role::Worker { group: 0, rank: 0 }, 1), (Role::Worker { group: 0, rank: 1 }, 1)]
+    );
+    let recreated = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 1);
+    let env = &recreated.spec.unwrap().containers[0].env.clone().unwrap();
+    assert!(env.iter().any(|e| e.name == "TANDEM_ATTEMPT" && e.value.as_deref() == Some("1")));
+    apply(&mut job, &mut pods, &back);
+    // Once the group runs again the job is Running, the Restarting condition False.
+    let pods = all_running(&job)
+        .into_iter()
+        .map(|p| {
+            let role = names::role_of(p.labels()).unwrap();
+            let attempt = if matches!(role, Role::Worker { group: 0, .. }) { 1 } else { 0 };
+            pod(&job, role, attempt, "Running", true)
+        })
+        .collect::<Vec<_>>();
+    let healed = run(&job, &pods, at(30));
+    assert_eq!(healed.status.phase, Some(JobPhase::Running));
+    assert_eq!(condition(&healed, "Restarting").status, "False");
+    assert_eq!(healed.status.restarts, 1);
+}
+
+#[test]
+fn the_same_failed_pod_is_acted_on_once() {
+    let mut job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    pods[2] = exited(pods[2].clone(), 143);
+    let plan = run(&job, &pods, t0());
+    // The controller writes the status, but the failed pod is still listed (deletion not seen yet).
+    job.status = Some(plan.status.clone());
+    let again = run(&job, &pods, at(1));
+    assert_eq!(again.status.restarts, 1, "no second restart for the same failure");
+    assert!(again.delete.contains(&"mnist-hybrid-g0-0".to_owned()), "the stale pod is still deleted");
+}
+
+#[test]
+fn a_permanent_exit_code_fails_the_job_naming_pod_and_code() {
+    let job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    pods[4] = exited(pods[4].clone(), 1); // mnist-hybrid-g1-0
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.status.phase, Some(JobPhase::Failed));
+    assert_eq!(plan.status.completion_time, Some(Time(t0())));
+    let failed = condition(&plan, "Failed");
+    assert_eq!(failed.reason, "WorkerFailed");
+    assert!(failed.message.contains("pod mnist-hybrid-g1-0 exited with code 1"), "{}", failed.message);
+    assert!(failed.message.contains("permanent"), "{}", failed.message);
+    // cleanPodPolicy Running: running pods go, the failed one stays for its logs.
+    assert!(!plan.delete.contains(&"mnist-hybrid-g1-0".to_owned()));
+    assert_eq!(plan.delete.len(), 5);
+    assert!(plan.create.is_empty());
+    assert!(!plan.ensure_children);
+}
+
+#[test]
+fn exit_code_policy_retries_listed_codes_and_never_retries_nothing() {
+    let mut job = fixture("hybrid.yaml");
+    job.spec.run_policy.restart_policy = RestartPolicy::ExitCode;
+    job.spec.run_policy.retryable_exit_codes = vec![42];
+    let mut pods = all_running(&job);
+    pods[0] = exited(pods[0].clone(), 42); // mnist-hybrid-ps-0
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
+    assert_eq!(plan.delete, vec!["mnist-hybrid-ps-0".to_owned()], "a failed PS restarts alone");
+    assert!(condition(&plan, "Restarting").message.contains("parameter server 0"));
+
+    job.spec.run_policy.restart_policy = RestartPolicy::Never;
+    let mut pods = all_running(&job);
+    pods[2] = exited(pods[2].clone(), 137);
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.status.phase, Some(JobPhase::Failed));
+    assert!(condition(&plan, "Failed").message.contains("restartPolicy is Never"));
+}
+
+#[test]
+fn evictions_restart_and_max_restarts_ends_the_job() {
+    let mut job = fixture("hybrid.yaml");
+    let mut status = run(&job, &all_running(&job), t0()).status;
+    status.restarts = 3; // maxRestarts in the fixture
+    job.status = Some(status);
+    let mut pods = all_running(&job);
+    let evicted = pods[5].status.as_mut().unwrap();
+    evicted.phase = Some("Failed".to_owned());
+    evicted.reason = Some("Evicted".to_owned());
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.status.phase, Some(JobPhase::Failed));
+    let failed = condition(&plan, "Failed");
+    assert_eq!(failed.reason, "MaxRestartsExceeded");
+    assert!(failed.message.contains("mnist-hybrid-g1-1 was evicted"), "{}", failed.message);
+}
+
+#[test]
+fn scaling_adds_and_removes_exactly_one_groups_pods() {
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let pods = all_running(&job);
+    job.spec.workers.groups = 3;
+    let up = run(&job, &pods, at(1));
+    assert_eq!(
+        up.create,
+        vec![(Role::Worker { group: 2, rank: 0 }, 0), (Role::Worker { group: 2, rank: 1 }, 0)]
+    );
+    assert!(up.delete.is_empty());
+    assert_eq!(up.status.phase, Some(JobPhase::Scaling));
+    assert_eq!(condition(&up, "Scaling").status, "True");
+
+    job.spec.workers.groups = 1;
+    let down = run(&job, &pods, at(2));
+    let mut deleted = down.delete.clone();
+    deleted.sort();
+    assert_eq!(deleted, ["mnist-hybrid-g1-0", "mnist-hybrid-g1-1"]);
+    assert!(down.create.is_empty());
+    assert_eq!(down.status.phase, Some(JobPhase::Scaling));
+    assert_eq!(down.status.groups, 1);
+}
+
+#[test]
+fn suspend_deletes_pods_and_resume_recreates_them() {
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    job.spec.run_policy.suspend = true;
+    let plan = run(&job, &pods, at(1));
+    assert_eq!(plan.delete.len(), 6);
+    assert_eq!(plan.status.phase, Some(JobPhase::Suspended));
+    assert_eq!(plan.status.start_time, None);
+    assert_eq!(condition(&plan, "Suspended").status, "True");
+    assert!(!plan.want_pod_group);
+    apply(&mut job, &mut pods, &plan);
+    job.spec.run_policy.suspend = false;
+    let resumed = run(&job, &pods, at(2));
+    assert_eq!(resumed.create.len(), 6);
+    assert_eq!(condition(&resumed, "Suspended").reason, "Resumed");
+    assert_eq!(condition(&resumed, "Suspended").status, "False");
+}
+
+#[test]
+fn finished_workers_succeed_the_job_and_ttl_deletes_it_later() {
+    let mut job = fixture("hybrid.yaml");
+    job.spec.run_policy.ttl_seconds_after_finished = Some(60);
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods: Vec<Pod> = all_running(&job)
+        .into_iter()
+        .map(|p| if p.name_any().contains("-g") { exited(p, 0) } else { p })
+        .collect();
+    let plan = run(&job, &pods, at(100));
+    assert_eq!(plan.status.phase, Some(JobPhase::Succeeded));
+    assert_eq!(condition(&plan, "Succeeded").reason, "TrainingSucceeded");
+    assert_eq!(plan.delete, vec!["mnist-hybrid-ps-0".to_owned(), "mnist-hybrid-ps-1".to_owned()]);
+    assert!(!plan.delete_job);
+    assert!(plan.requeue_after <= Duration::from_secs(60));
+    apply(&mut job, &mut pods, &plan);
+    assert!(!run(&job, &pods, at(150)).delete_job);
+    assert!(run(&job, &pods, at(161)).delete_job);
+}
+
+#[test]
+fn clean_pod_policy_all_and_none() {
+    let mut job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    pods[2] = exited(pods[2].clone(), 2);
+    job.spec.run_policy.clean_pod_policy = CleanPodPolicy::All;
+    assert_eq!(run(&job, &pods, t0()).delete.len(), 6);
+    job.spec.run_policy.clean_pod_policy = CleanPodPolicy::None;
+    assert!(run(&job, &pods, t0()).delete.is_empty());
+}
+
+#[test]
+fn active_deadline_fails_a_running_job() {
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    job.spec.run_policy.active_deadline_seconds = Some(100);
+    let pods = all_running(&job);
+    let before = run(&job, &pods, at(50));
+    assert_eq!(before.status.phase, Some(JobPhase::Running));
+    assert!(before.requeue_after <= Duration::from_secs(50));
+    let after = run(&job, &pods, at(101));
+    assert_eq!(after.status.phase, Some(JobPhase::Failed));
+    assert_eq!(condition(&after, "Failed").reason, "DeadlineExceeded");
+    // A job that never ran counts from its creation (ten minutes before t0 in the fixture).
+    job.status = None;
+    let never = run(&job, &[], t0());
+    assert_eq!(never.status.phase, Some(JobPhase::Failed));
+}
+
+#[test]
+fn mpi_launcher_waits_for_ready_workers_and_decides_the_group() {
+    let job = fixture("mpi.yaml");
+    let mut pods: Vec<Pod> =
+        all_running(&job).into_iter().filter(|p| !p.name_any().ends_with("launcher")).collect();
+    // Group 1's last worker is running but not ready yet (sshd not listening).
+    let last = pods.iter_mut().find(|p| p.name_any() == "bert-g1-2").unwrap();
+    *last = pod(&job, Role::Worker { group: 1, rank: 2 }, 0, "Running", false);
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.create, vec![(Role::Launcher { group: 0 }, 0)], "only group 0's launcher");
+    assert!(plan.want_pod_group);
+    // A launcher that succeeded finishes its group; sshd workers never exit.
+    let mut pods = all_running(&job);
+    for p in pods.iter_mut().filter(|p| p.name_any().ends_with("launcher")) {
+        *p = exited(p.clone(), 0);
+    }
+    assert_eq!(run(&job, &pods, t0()).status.phase, Some(JobPhase::Succeeded));
+    // A launcher killed by a signal restarts its group, launcher included.
+    let mut pods = all_running(&job);
+    let idx = pods.iter().position(|p| p.name_any() == "bert-g1-launcher").unwrap();
+    pods[idx] = exited(pods[idx].clone(), 255);
+    let plan = run(&job, &pods, t0());
+    let mut deleted = plan.delete.clone();
+    deleted.sort();
+    assert_eq!(deleted, ["bert-g1-0", "bert-g1-1", "bert-g1-2", "bert-g1-launcher"]);
+    assert_eq!(condition(&plan, "Restarting").reason, "LauncherFailed");
+}
+
+#[test]
+fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    pods[2].spec.as_mut().unwrap().node_name = Some("node-a".to_owned());
+    pods[2].metadata.deletion_timestamp = Some(Time(at(30)));
+    let lost = BTreeSet::from(["node-a".to_owned()]);
+    let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
+    let early = decide(&job, &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
+    assert!(early.force_delete.is_empty());
+    // The deleted pod is a disruption: its group restarts (the other rank goes now).
+    assert_eq!(early.status.phase, Some(JobPhase::Restarting));
+    assert!(condition(&early, "Restarting").message.contains("was deleted"));
+    assert_eq!(early.delete, vec!["mnist-hybrid-g0-1".to_owned()]);
+    job.status = Some(early.status.clone());
+    let late = decide(&job, &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
+    assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
+    assert_eq!(late.status.restarts, 1);
+    // A node that is fine gets no force deletion.
+    let fine = decide(&job, &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) }, &settings);
+    assert!(fine.force_delete.is_empty());
+}
