@@ -4,4 +4,12 @@
 //! optimizers on flat buffers, checkpoints), then roles (parameter server, worker, local runner).
 //! Only `main.rs` reads the environment and the command line.
 
+pub mod checkpoint;
 pub mod comm;
+pub mod curve;
+pub mod data;
+pub mod flat;
+pub mod model;
+pub mod optim;
+pub mod rng;
+pub mod train;

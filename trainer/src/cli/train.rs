@@ -1,6 +1,28 @@
-//! `tandem train -f job.yaml`.
+//! `tandem train -f job.yaml`: trains a TrainingJob manifest on this machine, in this process.
+//!
+//! Single-process jobs (one group of one rank, no parameter server) train here; jobs that need more
+//! processes get an error saying so. Progress goes to a bar on a terminal, or one JSON object per line
+//! with `--output json`; the training curve is written into the job's output folder.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use tandem::curve::Curve;
+use tandem::data;
+use tandem::model::{DeviceChoice, select_device};
+use tandem::optim::Optimizer;
+use tandem::train::{Event, LocalStep, RunOptions, Trainer};
+use tandem_api::TrainingJob;
+
+/// How progress is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// A progress bar on a terminal, lines otherwise, and a summary.
+    Text,
+    /// One JSON object per line; the last is `{"event":"finished",…}`.
+    Json,
+}
 
 /// Arguments of `tandem train`.
 #[derive(clap::Args)]
@@ -8,9 +30,139 @@ pub struct Args {
     /// TrainingJob manifest to run.
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
+    /// Progress format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// Folder for the curve and checkpoints [default: out/<job name>].
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Folder holding the built-in data sets (`make data` fills it).
+    #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+    /// Compute device.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Continue from the newest checkpoint in the output folder, if there is one.
+    #[arg(long)]
+    pub resume: bool,
 }
 
 /// Runs `tandem train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("training {} is not available yet: the trainer is being built", args.file.display())
+    let text =
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let job: TrainingJob = serde_yaml::from_str(&text)
+        .with_context(|| format!("{} is not a valid TrainingJob manifest", args.file.display()))?;
+    let spec = &job.spec;
+    spec.validate().with_context(|| format!("{}", args.file.display()))?;
+    let name = job.metadata.name.clone().unwrap_or_else(|| "job".to_owned());
+    let ranks = spec.workers.groups * spec.workers.group_size;
+    if ranks > 1 || spec.parameter_servers.replicas > 0 {
+        bail!(
+            "{}: this job needs {ranks} worker rank(s) and {} parameter server(s); `tandem train` runs \
+             single-process jobs for now (workers.groups 1, workers.groupSize 1, parameterServers.replicas 0, \
+             algorithm allreduce) — the multi-process local runner is not built yet",
+            args.file.display(),
+            spec.parameter_servers.replicas
+        );
+    }
+
+    let device = select_device(args.device)?;
+    let data = data::load(&spec.data, &args.data_dir, spec.training.seed)?;
+    let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
+    let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
+    let out_dir = args.output_dir.unwrap_or_else(|| PathBuf::from("out").join(&name));
+    let ckpt_dir = out_dir.join("checkpoints");
+    if args.resume
+        && let Some(path) = tandem::checkpoint::latest(&ckpt_dir)?
+    {
+        trainer.resume(&mut update, &path)?;
+        if args.output == Output::Text {
+            eprintln!("resumed from {} at step {}", path.display(), trainer.step_count());
+        }
+    }
+
+    let json = args.output == Output::Json;
+    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(trainer.total_steps());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} steps {elapsed_precise} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_position(trainer.step_count());
+        bar
+    });
+    let mut curve = Curve::default();
+    let mut failure: Option<anyhow::Error> = None;
+    let mut stdout = std::io::stdout().lock();
+    let title = format!("{name}: {} on {:?}", model_label(spec), spec.data.source);
+    let opts = RunOptions { checkpoint_dir: Some(ckpt_dir), keep_checkpoints: 3, log_every: 0 };
+    let mut last_test = None;
+    trainer.run(&mut update, &opts, &mut |event: &Event| {
+        curve.record(event);
+        let mut emit = |e: &serde_json::Value| {
+            if json {
+                let _ = writeln!(stdout, "{e}");
+            }
+        };
+        match event {
+            Event::Finished { .. } => match curve.write(&out_dir, &title) {
+                Ok(path) => {
+                    emit(&serde_json::json!({"event": "curve", "path": path.display().to_string()}));
+                    if !json {
+                        eprintln!("training curve written to {}", path.display());
+                    }
+                }
+                Err(e) => {
+                    failure = Some(anyhow::anyhow!("writing the curve into {}: {e}", out_dir.display()))
+                }
+            },
+            Event::Train { step, loss, .. } => {
+                if let Some(bar) = &bar {
+                    bar.set_position(*step);
+                    let acc = last_test.map(|a: f64| format!(" test acc {a:.4}")).unwrap_or_default();
+                    bar.set_message(format!("loss {loss:.4}{acc}"));
+                }
+            }
+            Event::Eval { step, test_loss, test_accuracy } => {
+                last_test = Some(*test_accuracy);
+                if bar.is_none() && !json {
+                    eprintln!("step {step}: test loss {test_loss:.4}, test accuracy {test_accuracy:.4}");
+                }
+            }
+            _ => {}
+        }
+        if json && let Ok(v) = serde_json::to_value(event) {
+            emit(&v);
+        }
+        if !json
+            && let Event::Finished { test_accuracy, test_loss, steps, samples_per_second, wall_seconds } =
+                event
+        {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            println!(
+                "{name}: test accuracy {test_accuracy:.4}, test loss {test_loss:.4} after {steps} steps; \
+                 {samples_per_second:.0} samples/s, {wall_seconds:.1} s"
+            );
+        }
+    })?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn model_label(spec: &tandem_api::TrainingJobSpec) -> String {
+    let hidden: Vec<String> = spec.model.hidden.iter().map(u32::to_string).collect();
+    match spec.model.kind {
+        tandem_api::ModelKind::Mlp => format!("mlp [{}]", hidden.join(", ")),
+        tandem_api::ModelKind::Cnn => {
+            let ch: Vec<String> = spec.model.channels.iter().map(u32::to_string).collect();
+            format!("cnn channels [{}] dense [{}]", ch.join(", "), hidden.join(", "))
+        }
+    }
 }
