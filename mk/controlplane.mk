@@ -13,6 +13,10 @@ CLUSTER_TEST_PACKAGES += tandem-testkit
 
 TEST_TARGETS += test-cluster
 
+# Where kubectl, helm, kwok etc. of the pinned versions live; the cluster tests get it on PATH and as
+# $TANDEM_K8S_BIN (e.g. for `helm template`).
+K8S_BIN := $(shell scripts/controlplane/bin-dir.sh)
+
 cluster-bins: deps
 	@scripts/controlplane/build.sh all
 
@@ -23,12 +27,14 @@ cluster-down:
 	@scripts/controlplane/cluster-down.sh
 
 # One shell, so the trap stops the control plane however the tests end, and the tests' failure (or a
-# failed start) is the target's exit status.
+# failed start) is the target's exit status. A control plane already running in the same state folder is
+# reused and then stopped too; set TANDEM_CLUSTER_DIR to keep a separate one.
 test-cluster: cluster-bins
 	@set -euo pipefail; \
 	trap 'scripts/controlplane/cluster-down.sh' EXIT; \
 	up="$$(scripts/controlplane/cluster-up.sh)" || { echo "test-cluster: the control plane did not start" >&2; exit 1; }; \
 	eval "$$(printf '%s\n' "$$up" | tail -n 1)"; \
+	export TANDEM_K8S_BIN="$(K8S_BIN)" PATH="$(K8S_BIN):$$PATH"; \
 	failed=""; \
 	for pkg in $(CLUSTER_TEST_PACKAGES); do \
 	  echo "test-cluster: cargo test -p $$pkg --features cluster-tests" >&2; \

@@ -193,4 +193,5 @@ if [ "$START_KWOK" = 1 ]; then
   alive kwok || failed kwok "kwok exited during start"
 fi
 log "control plane ready in $((SECONDS - start_time)) s (state in $D, logs in $D/logs)"
+log "kubectl and helm of this version: export PATH=$K8S_BIN:\$PATH"
 echo "export KUBECONFIG=$D/kubeconfig"
