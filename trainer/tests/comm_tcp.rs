@@ -125,7 +125,7 @@ fn every_collective_matches_the_serial_reference_on_1_to_6_ranks() {
 fn uneven_chunking_and_the_ring_for_every_size_still_match() {
     // Tiny chunks and no recursive doubling: every message is pipelined in many pieces.
     let ports = free_ports(3);
-    let args = ["--small-bytes", "0", "--chunk-bytes", "12", "--timeout-s", "60", "selftest"];
+    let args = ["--small-bytes", "0", "--chunk-bytes", "100", "--timeout-s", "60", "selftest"];
     for f in finish(start(&ports, &[0, 1, 2], same_token, &args), Duration::from_secs(600)) {
         assert!(f.success, "{}{}", f.stdout, f.stderr);
     }
