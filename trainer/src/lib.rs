@@ -11,5 +11,6 @@ pub mod data;
 pub mod flat;
 pub mod model;
 pub mod optim;
+pub mod ps;
 pub mod rng;
 pub mod train;

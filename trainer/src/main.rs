@@ -18,6 +18,8 @@ enum Command {
     /// Benchmarks of Tandem's building blocks.
     #[command(subcommand)]
     Bench(cli::bench::Bench),
+    /// Serve one parameter-server shard (started by the operator or `tandem train`).
+    Ps(cli::ps::Args),
     /// One rank of a collective self-test, soak or benchmark (started by `bench` and by tests).
     #[command(hide = true, name = "comm-rank")]
     CommRank(cli::bench::RankArgs),
@@ -28,6 +30,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Train(args) => cli::train::run(args),
         Command::Bench(bench) => cli::bench::run(bench),
+        Command::Ps(args) => cli::ps::run(args),
         Command::CommRank(args) => cli::bench::run_rank(args),
     }
 }

@@ -1,0 +1,8 @@
+# Parameter server (trainer/src/ps): its tests also run under `cargo test --workspace`.
+
+.PHONY: ps-test
+
+## ps-test: the parameter-server tests only (state machine on a simulated network, real `tandem ps` processes).
+ps-test: deps
+	$(CARGO) test -p tandem-trainer --lib ps::
+	$(CARGO) test -p tandem-trainer --test ps_modes --test ps_faults

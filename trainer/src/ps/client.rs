@@ -1,0 +1,508 @@
+//! What a worker rank (or an observer) uses to talk to every parameter-server shard.
+//!
+//! Expected flow: [`PsClient::connect`] (retries until the servers are up, says hello to each
+//! shard and checks that they agree on the layout), [`PsClient::init`] with the rank's initial
+//! weights, [`PsClient::join`], then per step [`PsClient::push`] and [`PsClient::pull`] of the
+//! rank's range. After an error from a shard that restarted, [`PsClient::reconnect`] and pull
+//! again: the shard resumes from its checkpoint.
+//!
+//! Guarantees: requests for a range are split along [`super::shard::ranges`] and into frames no
+//! larger than the frame limit, sent to every shard involved before any reply is awaited (so the
+//! shards work in parallel), and answered in order; every error names the shard index and
+//! address and the operation; every wait is bounded by the configured timeouts.
+//!
+//! Caveats: the client is blocking (one rank, one thread); a pull can legitimately wait for other
+//! groups (sync and bounded-staleness modes), so the request timeout must exceed a slow step.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::net::TcpStream;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use super::Mode;
+use super::shard;
+use super::wire::{self, ErrorCode, Frame, Peer, Progress, ReadError};
+
+/// How to reach the parameter servers.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `host:port` of each shard, by index.
+    pub servers: Vec<String>,
+    /// The job token.
+    pub token: String,
+    /// Who this client is.
+    pub peer: Peer,
+    /// Length of the flat parameter vector (0 for an observer that does not know it).
+    pub total_len: u64,
+    /// How long to keep retrying to reach a server that is not up yet.
+    pub connect_timeout: Duration,
+    /// How long to wait for any one reply.
+    pub request_timeout: Duration,
+    /// Largest frame body to send or accept.
+    pub max_frame: usize,
+}
+
+impl ClientConfig {
+    /// A worker rank's config with default limits (60 s to connect, 300 s per reply).
+    pub fn worker(
+        servers: Vec<String>,
+        token: impl Into<String>,
+        group: u32,
+        rank: u32,
+        attempt: u32,
+        total_len: u64,
+    ) -> Self {
+        Self {
+            servers,
+            token: token.into(),
+            peer: Peer::Worker { group, rank, attempt },
+            total_len,
+            connect_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(300),
+            max_frame: wire::DEFAULT_MAX_FRAME,
+        }
+    }
+
+    /// An observer's config: reads status and weights only.
+    pub fn observer(servers: Vec<String>, token: impl Into<String>) -> Self {
+        Self { peer: Peer::Observer, ..Self::worker(servers, token, 0, 0, 0, 0) }
+    }
+}
+
+/// A failed exchange with a parameter server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server could not be reached within the connect timeout.
+    #[error(
+        "cannot reach PS {index} at {addr} within {waited:?}: {source}; is the parameter server running?"
+    )]
+    Connect {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+        /// Time spent retrying.
+        waited: Duration,
+        /// Last cause.
+        source: std::io::Error,
+    },
+    /// The server did not answer in time.
+    #[error("PS {index} at {addr} did not answer {op} within {after:?}")]
+    Timeout {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+        /// Operation.
+        op: &'static str,
+        /// Timeout.
+        after: Duration,
+    },
+    /// The connection broke or was closed.
+    #[error(
+        "connection to PS {index} at {addr} lost during {op}: {detail}; reconnect once the server is back"
+    )]
+    Lost {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+        /// Operation.
+        op: &'static str,
+        /// Cause.
+        detail: String,
+    },
+    /// The server refused the request.
+    #[error("PS {index} at {addr} refused {op} ({code:?}): {message}")]
+    Refused {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+        /// Operation.
+        op: &'static str,
+        /// Category.
+        code: ErrorCode,
+        /// The server's explanation.
+        message: String,
+    },
+    /// The server answered something this client did not ask for.
+    #[error("PS {index} at {addr} answered {op} with an unexpected {got} frame")]
+    Unexpected {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+        /// Operation.
+        op: &'static str,
+        /// Frame received.
+        got: &'static str,
+    },
+    /// The servers' layout does not match this client's.
+    #[error("PS {index} at {addr}: {detail}")]
+    Layout {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+        /// What disagrees.
+        detail: String,
+    },
+    /// A range outside the vector.
+    #[error("range {offset}..{end} is outside the {total}-value parameter vector")]
+    Range {
+        /// Start.
+        offset: u64,
+        /// End.
+        end: u64,
+        /// Vector length.
+        total: u64,
+    },
+    /// The client was built without servers.
+    #[error("no parameter servers configured: the job's parameterServers.replicas is 0")]
+    NoServers,
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+}
+
+/// A connection to every shard. See the module documentation.
+pub struct PsClient {
+    config: ClientConfig,
+    conns: Vec<Option<Conn>>,
+    ranges: Vec<Range<u64>>,
+    mode: Mode,
+    joined: bool,
+}
+
+impl PsClient {
+    /// Connects to every shard (retrying until the connect timeout) and says hello.
+    pub fn connect(config: ClientConfig) -> Result<Self, ClientError> {
+        if config.servers.is_empty() {
+            return Err(ClientError::NoServers);
+        }
+        let replicas = config.servers.len() as u32;
+        let mut client = Self {
+            ranges: shard::ranges(config.total_len, replicas),
+            conns: (0..config.servers.len()).map(|_| None).collect(),
+            config,
+            mode: Mode::Sync,
+            joined: false,
+        };
+        for index in 0..client.conns.len() {
+            client.open(index)?;
+        }
+        Ok(client)
+    }
+
+    /// Reconnects every shard whose connection broke, says hello again and rejoins if joined.
+    pub fn reconnect(&mut self) -> Result<(), ClientError> {
+        for index in 0..self.conns.len() {
+            if self.conns[index].is_none() {
+                self.open(index)?;
+                if self.joined {
+                    self.call_one(index, "join", Frame::Join)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every shard connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.conns.iter().all(Option::is_some)
+    }
+
+    /// The servers' consistency mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Each shard's range of the vector.
+    pub fn ranges(&self) -> &[Range<u64>] {
+        &self.ranges
+    }
+
+    fn addr(&self, index: usize) -> String {
+        self.config.servers.get(index).cloned().unwrap_or_default()
+    }
+
+    fn open(&mut self, index: usize) -> Result<(), ClientError> {
+        let addr = self.addr(index);
+        let started = Instant::now();
+        let stream = loop {
+            match TcpStream::connect(&addr) {
+                Ok(s) => break s,
+                Err(source) if started.elapsed() >= self.config.connect_timeout => {
+                    return Err(ClientError::Connect { index, addr, waited: started.elapsed(), source });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        let lost = |e: std::io::Error| ClientError::Lost {
+            index,
+            addr: addr.clone(),
+            op: "hello",
+            detail: e.to_string(),
+        };
+        stream.set_nodelay(true).map_err(lost)?;
+        stream.set_read_timeout(Some(self.config.request_timeout)).map_err(lost)?;
+        stream.set_write_timeout(Some(self.config.request_timeout)).map_err(lost)?;
+        let writer = BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(lost)?);
+        self.conns[index] = Some(Conn { reader: BufReader::with_capacity(1 << 16, stream), writer });
+        let hello = Frame::Hello {
+            token: self.config.token.clone(),
+            peer: self.config.peer,
+            total_len: self.config.total_len,
+        };
+        let reply = self.call_one(index, "hello", hello)?;
+        let Frame::Welcome { shard, replicas, start, end, total_len, mode, .. } = reply else {
+            return Err(ClientError::Unexpected { index, addr, op: "hello", got: reply.name() });
+        };
+        let layout = |detail: String| ClientError::Layout { index, addr: addr.clone(), detail };
+        if shard as usize != index || replicas as usize != self.config.servers.len() {
+            return Err(layout(format!(
+                "it is shard {shard} of {replicas}, but this client lists it as shard {index} of {}; \
+                 the job config's parameterServers list is out of date",
+                self.config.servers.len()
+            )));
+        }
+        if self.config.total_len == 0 && total_len > 0 {
+            self.config.total_len = total_len;
+            self.ranges = shard::ranges(total_len, replicas);
+        }
+        if total_len > 0 && self.ranges.get(index) != Some(&(start..end)) {
+            return Err(layout(format!("it holds {start}..{end}, expected {:?}", self.ranges.get(index))));
+        }
+        self.mode = mode;
+        Ok(())
+    }
+
+    /// Sends `frames` (shard, frame) pipelined, then reads one reply per frame, in order.
+    fn exchange(
+        &mut self,
+        op: &'static str,
+        frames: Vec<(usize, Frame)>,
+    ) -> Result<Vec<(usize, Frame)>, ClientError> {
+        let mut buf = Vec::new();
+        for (index, frame) in &frames {
+            buf.clear();
+            wire::encode(frame, &mut buf);
+            let addr = self.addr(*index);
+            let Some(conn) = self.conns.get_mut(*index).and_then(Option::as_mut) else {
+                return Err(ClientError::Lost { index: *index, addr, op, detail: "not connected".into() });
+            };
+            if let Err(e) = conn.writer.write_all(&buf) {
+                self.conns[*index] = None;
+                return Err(self.io_error(*index, op, e));
+            }
+        }
+        let mut touched: Vec<usize> = frames.iter().map(|(i, _)| *i).collect();
+        touched.dedup();
+        for &index in &touched {
+            if let Some(conn) = self.conns[index].as_mut()
+                && let Err(e) = conn.writer.flush()
+            {
+                self.conns[index] = None;
+                return Err(self.io_error(index, op, e));
+            }
+        }
+        let mut replies = Vec::with_capacity(frames.len());
+        for (index, _) in &frames {
+            let max = self.config.max_frame;
+            let addr = self.addr(*index);
+            let Some(conn) = self.conns.get_mut(*index).and_then(Option::as_mut) else {
+                return Err(ClientError::Lost { index: *index, addr, op, detail: "not connected".into() });
+            };
+            let reply = match wire::read_frame(&mut conn.reader, max) {
+                Ok(Frame::Error { code, message }) => {
+                    return Err(ClientError::Refused { index: *index, addr, op, code, message });
+                }
+                Ok(frame) => frame,
+                Err(ReadError::Io(e)) => {
+                    self.conns[*index] = None;
+                    return Err(self.io_error(*index, op, e));
+                }
+                Err(ReadError::Closed) => {
+                    self.conns[*index] = None;
+                    let detail = "the server closed the connection".into();
+                    return Err(ClientError::Lost { index: *index, addr, op, detail });
+                }
+                Err(ReadError::Wire(e)) => {
+                    self.conns[*index] = None;
+                    return Err(ClientError::Lost { index: *index, addr, op, detail: e.to_string() });
+                }
+            };
+            replies.push((*index, reply));
+        }
+        Ok(replies)
+    }
+
+    fn io_error(&self, index: usize, op: &'static str, e: std::io::Error) -> ClientError {
+        let addr = self.addr(index);
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                ClientError::Timeout { index, addr, op, after: self.config.request_timeout }
+            }
+            _ => ClientError::Lost { index, addr, op, detail: e.to_string() },
+        }
+    }
+
+    fn call_one(&mut self, index: usize, op: &'static str, frame: Frame) -> Result<Frame, ClientError> {
+        let mut replies = self.exchange(op, vec![(index, frame)])?;
+        replies.pop().map(|(_, f)| f).ok_or_else(|| ClientError::Unexpected {
+            index,
+            addr: self.addr(index),
+            op,
+            got: "nothing",
+        })
+    }
+
+    fn call_all(&mut self, op: &'static str, frame: Frame) -> Result<Vec<(usize, Frame)>, ClientError> {
+        let frames = (0..self.conns.len()).map(|i| (i, frame.clone())).collect();
+        self.exchange(op, frames)
+    }
+
+    /// Splits `offset..offset+len` into (shard, offset, len) pieces of at most one frame each.
+    fn pieces(&self, offset: u64, len: u64) -> Result<Vec<(usize, u64, u64)>, ClientError> {
+        let end = offset.saturating_add(len);
+        let total = self.config.total_len;
+        if end > total {
+            return Err(ClientError::Range { offset, end, total });
+        }
+        let step = wire::max_values_per_frame(self.config.max_frame) as u64;
+        let mut out = Vec::new();
+        for (index, range) in self.ranges.iter().enumerate() {
+            let part = shard::intersect(&(offset..end), range);
+            let mut at = part.start;
+            while at < part.end {
+                let n = step.min(part.end - at);
+                out.push((index, at, n));
+                at += n;
+            }
+        }
+        Ok(out)
+    }
+
+    fn expect_acks(
+        op: &'static str,
+        replies: Vec<(usize, Frame)>,
+        addr: impl Fn(usize) -> String,
+    ) -> Result<(), ClientError> {
+        for (index, reply) in replies {
+            if !matches!(reply, Frame::Ack { .. }) {
+                return Err(ClientError::Unexpected { index, addr: addr(index), op, got: reply.name() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Offers initial weights for `offset..`; shards that already hold weights ignore them.
+    pub fn init(&mut self, offset: u64, values: &[f32]) -> Result<(), ClientError> {
+        let frames = self
+            .pieces(offset, values.len() as u64)?
+            .into_iter()
+            .map(|(i, at, n)| {
+                let a = (at - offset) as usize;
+                (i, Frame::Init { offset: at, values: values[a..a + n as usize].to_vec() })
+            })
+            .collect();
+        let replies = self.exchange("init", frames)?;
+        let servers = self.config.servers.clone();
+        Self::expect_acks("init", replies, |i| servers.get(i).cloned().unwrap_or_default())
+    }
+
+    /// Makes this client's group a member of every shard; returns each shard's clock for it.
+    pub fn join(&mut self) -> Result<Vec<u64>, ClientError> {
+        let replies = self.call_all("join", Frame::Join)?;
+        self.joined = true;
+        replies
+            .into_iter()
+            .map(|(index, f)| match f {
+                Frame::Joined { clock, .. } => Ok(clock),
+                other => Err(ClientError::Unexpected {
+                    index,
+                    addr: self.addr(index),
+                    op: "join",
+                    got: other.name(),
+                }),
+            })
+            .collect()
+    }
+
+    /// Takes this client's group out of every shard's membership.
+    pub fn leave(&mut self) -> Result<(), ClientError> {
+        self.call_all("leave", Frame::Leave)?;
+        self.joined = false;
+        Ok(())
+    }
+
+    /// Pushes `values` for `offset..` (a gradient, or an elastic difference in EASGD mode).
+    pub fn push(&mut self, offset: u64, values: &[f32]) -> Result<(), ClientError> {
+        let kind = self.mode.push_kind();
+        let frames = self
+            .pieces(offset, values.len() as u64)?
+            .into_iter()
+            .map(|(i, at, n)| {
+                let a = (at - offset) as usize;
+                (i, Frame::Push { kind, offset: at, values: values[a..a + n as usize].to_vec() })
+            })
+            .collect();
+        let replies = self.exchange("push", frames)?;
+        let servers = self.config.servers.clone();
+        Self::expect_acks("push", replies, |i| servers.get(i).cloned().unwrap_or_default())
+    }
+
+    /// Pulls the weights of `offset..offset+out.len()` into `out`; returns the lowest version
+    /// among the shards read. Waits as long as the mode says the group must.
+    pub fn pull(&mut self, offset: u64, out: &mut [f32]) -> Result<u64, ClientError> {
+        let pieces = self.pieces(offset, out.len() as u64)?;
+        let frames = pieces.iter().map(|&(i, at, n)| (i, Frame::Pull { offset: at, len: n })).collect();
+        let replies = self.exchange("pull", frames)?;
+        let mut min_version = u64::MAX;
+        for ((index, reply), (_, at, n)) in replies.into_iter().zip(pieces) {
+            match reply {
+                Frame::Weights { version, offset: got, values } if got == at && values.len() as u64 == n => {
+                    let a = (at - offset) as usize;
+                    out[a..a + values.len()].copy_from_slice(&values);
+                    min_version = min_version.min(version);
+                }
+                other => {
+                    return Err(ClientError::Unexpected {
+                        index,
+                        addr: self.addr(index),
+                        op: "pull",
+                        got: other.name(),
+                    });
+                }
+            }
+        }
+        Ok(if min_version == u64::MAX { 0 } else { min_version })
+    }
+
+    /// Reports the group's progress to every shard (read back by status).
+    pub fn report(&mut self, progress: Progress) -> Result<(), ClientError> {
+        let replies = self.call_all("report", Frame::Report(progress))?;
+        let servers = self.config.servers.clone();
+        Self::expect_acks("report", replies, |i| servers.get(i).cloned().unwrap_or_default())
+    }
+
+    /// Shard `index`'s status as JSON (see `ps::state::ShardStatus`).
+    pub fn status(&mut self, index: usize) -> Result<serde_json::Value, ClientError> {
+        match self.call_one(index, "status", Frame::StatusRequest)? {
+            Frame::Status(json) => serde_json::from_str(&json).map_err(|e| ClientError::Layout {
+                index,
+                addr: self.addr(index),
+                detail: format!("status is not JSON: {e}"),
+            }),
+            other => Err(ClientError::Unexpected {
+                index,
+                addr: self.addr(index),
+                op: "status",
+                got: other.name(),
+            }),
+        }
+    }
+}

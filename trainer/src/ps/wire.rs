@@ -1,0 +1,753 @@
+//! The parameter-server wire protocol: explicit, versioned, length-prefixed binary frames.
+//!
+//! Layout of every frame (all integers little-endian except where noted):
+//!
+//! ```text
+//! u32 body length (big-endian, bytes after this 8-byte header) | b"TP" | u8 version | u8 kind | body
+//! ```
+//!
+//! Strings are `u32 length + UTF-8`; float vectors are `u64 count + count × f32`. Requests have
+//! kinds `0x01..=0x08`, replies `0x81..=0x87`, errors `0xEE`.
+//!
+//! Guarantees: [`decode_body`] never panics and never allocates more than the body it is given;
+//! a header announcing more than the receiver's maximum frame size is refused before any body is
+//! read ([`WireError::TooLarge`]). Errors say whether the byte stream can still be followed
+//! ([`WireError::is_fatal`]): after a bad magic, version or size the receiver cannot find the next
+//! frame and must close; after an unknown kind or a malformed body it has consumed exactly one
+//! frame and may answer and go on.
+
+use std::io::{self, Read, Write};
+
+use serde::Serialize;
+
+use super::Mode;
+
+/// First two bytes after the length: "TP", Tandem parameter server.
+pub const MAGIC: [u8; 2] = *b"TP";
+/// Protocol version this build speaks.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Bytes of the fixed header.
+pub const HEADER_LEN: usize = 8;
+/// Default largest body accepted: 16 MiB. Clients split larger pushes and pulls into pieces.
+pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
+/// Body bytes of a push, init or weights frame besides the floats (kind, offset, count), with margin.
+const VALUES_OVERHEAD: usize = 64;
+
+/// The most floats one push, init or weights frame may carry under a body limit of `max_frame`.
+pub fn max_values_per_frame(max_frame: usize) -> usize {
+    (max_frame.saturating_sub(VALUES_OVERHEAD) / 4).max(1)
+}
+
+/// Who is on the other end of a connection, as declared in [`Frame::Hello`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Peer {
+    /// Rank `rank` of worker group `group`, in the group's launch `attempt`.
+    Worker {
+        /// Group index.
+        group: u32,
+        /// Rank inside the group.
+        rank: u32,
+        /// Restart count of the group; a higher attempt replaces the group's earlier one.
+        attempt: u32,
+    },
+    /// A reader of status and weights (the operator, a test, a person): never a group member.
+    Observer,
+}
+
+/// What a push carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PushKind {
+    /// A gradient, applied by the server's optimizer (sync and async modes).
+    Gradient,
+    /// An elastic difference `e = α·(x − centre)`, added to the centre (EASGD mode).
+    Elastic,
+}
+
+/// Training progress a worker group reports; shown by the status frame.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Default)]
+pub struct Progress {
+    /// Steps the group has completed.
+    pub step: u64,
+    /// Latest training loss, if measured.
+    pub loss: Option<f32>,
+    /// Latest test accuracy, if measured.
+    pub accuracy: Option<f32>,
+    /// Samples the group has processed.
+    pub samples: u64,
+}
+
+/// Why the server refused a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorCode {
+    /// No hello yet, or a wrong job token.
+    Unauthenticated,
+    /// The bytes are not a frame of this protocol.
+    Malformed,
+    /// A frame kind this server does not know, or one only servers send.
+    UnknownFrame,
+    /// A valid frame at the wrong moment (push before join, a second push of the same range…).
+    Protocol,
+    /// A range outside this shard or the vector.
+    BadRange,
+    /// The client's model or mode does not match the server's.
+    Mismatch,
+    /// A frame larger than the server accepts.
+    TooLarge,
+}
+
+impl ErrorCode {
+    fn to_wire(self) -> u16 {
+        match self {
+            ErrorCode::Unauthenticated => 1,
+            ErrorCode::Malformed => 2,
+            ErrorCode::UnknownFrame => 3,
+            ErrorCode::Protocol => 4,
+            ErrorCode::BadRange => 5,
+            ErrorCode::Mismatch => 6,
+            ErrorCode::TooLarge => 7,
+        }
+    }
+
+    fn from_wire(code: u16) -> Option<Self> {
+        Some(match code {
+            1 => ErrorCode::Unauthenticated,
+            2 => ErrorCode::Malformed,
+            3 => ErrorCode::UnknownFrame,
+            4 => ErrorCode::Protocol,
+            5 => ErrorCode::BadRange,
+            6 => ErrorCode::Mismatch,
+            7 => ErrorCode::TooLarge,
+            _ => return None,
+        })
+    }
+}
+
+/// One message of the protocol, in either direction.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Frame {
+    /// First frame of every connection: the job token, who is calling, and the length of the
+    /// flat parameter vector the caller trains (0 for an observer that does not know it).
+    Hello {
+        /// The job token.
+        token: String,
+        /// The caller.
+        peer: Peer,
+        /// Length of the whole flat parameter vector.
+        total_len: u64,
+    },
+    /// Initial weights for `offset..offset+len` (global offsets); ignored once the shard holds weights.
+    Init {
+        /// Global offset of the first value.
+        offset: u64,
+        /// The weights.
+        values: Vec<f32>,
+    },
+    /// The caller's group becomes a member: it is waited for (sync) and counted (staleness).
+    Join,
+    /// The caller's group stops being a member; its unfinished contribution is dropped.
+    Leave,
+    /// A contribution for `offset..offset+len` (global offsets).
+    Push {
+        /// Gradient or elastic difference.
+        kind: PushKind,
+        /// Global offset of the first value.
+        offset: u64,
+        /// The values.
+        values: Vec<f32>,
+    },
+    /// Asks for the weights of `offset..offset+len`; answered when the mode allows the caller to read.
+    Pull {
+        /// Global offset.
+        offset: u64,
+        /// Number of values.
+        len: u64,
+    },
+    /// Progress of the caller's group.
+    Report(Progress),
+    /// Asks for the shard's status.
+    StatusRequest,
+    /// Answer to hello: the shard's place and mode.
+    Welcome {
+        /// Shard index.
+        shard: u32,
+        /// Number of shards.
+        replicas: u32,
+        /// First global offset held.
+        start: u64,
+        /// One past the last global offset held.
+        end: u64,
+        /// Length of the whole vector (0 while unknown).
+        total_len: u64,
+        /// Consistency mode.
+        mode: Mode,
+        /// Updates applied so far.
+        version: u64,
+    },
+    /// Answer to join.
+    Joined {
+        /// The group's clock on this shard (completed contributions, counted for staleness).
+        clock: u64,
+        /// Updates applied so far.
+        version: u64,
+    },
+    /// Answer to leave.
+    Left,
+    /// Answer to init, push and report.
+    Ack {
+        /// Updates applied so far.
+        version: u64,
+        /// The caller group's clock (0 for observers).
+        clock: u64,
+    },
+    /// Answer to pull.
+    Weights {
+        /// Updates applied to these weights.
+        version: u64,
+        /// Global offset of the first value.
+        offset: u64,
+        /// The weights.
+        values: Vec<f32>,
+    },
+    /// Answer to a status request: a JSON object (see `ps::state::ShardStatus`).
+    Status(String),
+    /// A refusal.
+    Error {
+        /// Category.
+        code: ErrorCode,
+        /// What was wrong and what to do.
+        message: String,
+    },
+}
+
+impl Frame {
+    /// A short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello { .. } => "hello",
+            Frame::Init { .. } => "init",
+            Frame::Join => "join",
+            Frame::Leave => "leave",
+            Frame::Push { .. } => "push",
+            Frame::Pull { .. } => "pull",
+            Frame::Report(_) => "report",
+            Frame::StatusRequest => "status-request",
+            Frame::Welcome { .. } => "welcome",
+            Frame::Joined { .. } => "joined",
+            Frame::Left => "left",
+            Frame::Ack { .. } => "ack",
+            Frame::Weights { .. } => "weights",
+            Frame::Status(_) => "status",
+            Frame::Error { .. } => "error",
+        }
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Frame::Hello { .. } => 0x01,
+            Frame::Init { .. } => 0x02,
+            Frame::Join => 0x03,
+            Frame::Leave => 0x04,
+            Frame::Push { .. } => 0x05,
+            Frame::Pull { .. } => 0x06,
+            Frame::Report(_) => 0x07,
+            Frame::StatusRequest => 0x08,
+            Frame::Welcome { .. } => 0x81,
+            Frame::Joined { .. } => 0x82,
+            Frame::Left => 0x83,
+            Frame::Ack { .. } => 0x84,
+            Frame::Weights { .. } => 0x85,
+            Frame::Status(_) => 0x86,
+            Frame::Error { .. } => 0xEE,
+        }
+    }
+}
+
+/// Bytes that are not a valid frame.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// The header does not start with the protocol's magic.
+    #[error(
+        "not a Tandem parameter-server frame (magic {found:02x?}, expected {MAGIC:02x?}); is a different program talking to this port?"
+    )]
+    BadMagic {
+        /// Bytes found.
+        found: [u8; 2],
+    },
+    /// The header names a protocol version this build does not speak.
+    #[error(
+        "protocol version {found} is not supported (this build speaks {PROTOCOL_VERSION}); run the same tandem image on servers and workers"
+    )]
+    Version {
+        /// Version found.
+        found: u8,
+    },
+    /// The announced body is larger than the receiver accepts.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes; send smaller pieces")]
+    TooLarge {
+        /// Announced body length.
+        len: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// A frame kind this build does not know.
+    #[error("unknown frame kind 0x{0:02x}")]
+    UnknownKind(u8),
+    /// The body does not decode as its kind says.
+    #[error("malformed {kind} frame: {detail}")]
+    Malformed {
+        /// Frame kind name.
+        kind: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl WireError {
+    /// Whether the receiver lost its place in the byte stream and must close the connection.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, WireError::BadMagic { .. } | WireError::Version { .. } | WireError::TooLarge { .. })
+    }
+
+    /// The error code a server answers this with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WireError::TooLarge { .. } => ErrorCode::TooLarge,
+            WireError::UnknownKind(_) => ErrorCode::UnknownFrame,
+            _ => ErrorCode::Malformed,
+        }
+    }
+}
+
+/// Appends `frame`, header included, to `out`.
+pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&MAGIC);
+    out.push(PROTOCOL_VERSION);
+    out.push(frame.kind());
+    let mut w = Writer(out);
+    match frame {
+        Frame::Hello { token, peer, total_len } => {
+            w.string(token);
+            match peer {
+                Peer::Worker { group, rank, attempt } => {
+                    w.u8(0);
+                    w.u32(*group);
+                    w.u32(*rank);
+                    w.u32(*attempt);
+                }
+                Peer::Observer => w.u8(1),
+            }
+            w.u64(*total_len);
+        }
+        Frame::Init { offset, values } => {
+            w.u64(*offset);
+            w.floats(values);
+        }
+        Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left => {}
+        Frame::Push { kind, offset, values } => {
+            w.u8(match kind {
+                PushKind::Gradient => 0,
+                PushKind::Elastic => 1,
+            });
+            w.u64(*offset);
+            w.floats(values);
+        }
+        Frame::Pull { offset, len } => {
+            w.u64(*offset);
+            w.u64(*len);
+        }
+        Frame::Report(p) => {
+            w.u64(p.step);
+            w.f32(p.loss.unwrap_or(f32::NAN));
+            w.f32(p.accuracy.unwrap_or(f32::NAN));
+            w.u64(p.samples);
+        }
+        Frame::Welcome { shard, replicas, start, end, total_len, mode, version } => {
+            w.u32(*shard);
+            w.u32(*replicas);
+            w.u64(*start);
+            w.u64(*end);
+            w.u64(*total_len);
+            match mode {
+                Mode::Sync => w.u8(0),
+                Mode::Async { staleness } => {
+                    w.u8(1);
+                    w.u64(staleness.unwrap_or(u64::MAX));
+                }
+                Mode::Elastic => w.u8(2),
+            }
+            w.u64(*version);
+        }
+        Frame::Joined { clock, version } => {
+            w.u64(*clock);
+            w.u64(*version);
+        }
+        Frame::Ack { version, clock } => {
+            w.u64(*version);
+            w.u64(*clock);
+        }
+        Frame::Weights { version, offset, values } => {
+            w.u64(*version);
+            w.u64(*offset);
+            w.floats(values);
+        }
+        Frame::Status(json) => w.string(json),
+        Frame::Error { code, message } => {
+            w.u16(code.to_wire());
+            w.string(message);
+        }
+    }
+    let body = (out.len() - start - HEADER_LEN) as u32;
+    out[start..start + 4].copy_from_slice(&body.to_be_bytes());
+}
+
+/// Checks a header and returns the frame kind and the body length to read next.
+pub fn parse_header(header: &[u8; HEADER_LEN], max_frame: usize) -> Result<(u8, usize), WireError> {
+    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let magic = [header[4], header[5]];
+    if magic != MAGIC {
+        return Err(WireError::BadMagic { found: magic });
+    }
+    if header[6] != PROTOCOL_VERSION {
+        return Err(WireError::Version { found: header[6] });
+    }
+    if len > max_frame {
+        return Err(WireError::TooLarge { len, max: max_frame });
+    }
+    Ok((header[7], len))
+}
+
+/// Decodes the body of a frame of kind `kind`; the whole body must be used.
+pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
+    let name = kind_name(kind).ok_or(WireError::UnknownKind(kind))?;
+    let mut r = Reader { buf: body, kind: name };
+    let frame = match kind {
+        0x01 => {
+            let token = r.string()?;
+            let peer = match r.u8()? {
+                0 => Peer::Worker { group: r.u32()?, rank: r.u32()?, attempt: r.u32()? },
+                1 => Peer::Observer,
+                other => return Err(r.bad(format!("unknown peer kind {other}"))),
+            };
+            Frame::Hello { token, peer, total_len: r.u64()? }
+        }
+        0x02 => Frame::Init { offset: r.u64()?, values: r.floats()? },
+        0x03 => Frame::Join,
+        0x04 => Frame::Leave,
+        0x05 => {
+            let kind = match r.u8()? {
+                0 => PushKind::Gradient,
+                1 => PushKind::Elastic,
+                other => return Err(r.bad(format!("unknown push kind {other}"))),
+            };
+            Frame::Push { kind, offset: r.u64()?, values: r.floats()? }
+        }
+        0x06 => Frame::Pull { offset: r.u64()?, len: r.u64()? },
+        0x07 => {
+            let step = r.u64()?;
+            let loss = r.f32()?;
+            let accuracy = r.f32()?;
+            let samples = r.u64()?;
+            let some = |v: f32| if v.is_nan() { None } else { Some(v) };
+            Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples })
+        }
+        0x08 => Frame::StatusRequest,
+        0x81 => {
+            let shard = r.u32()?;
+            let replicas = r.u32()?;
+            let start = r.u64()?;
+            let end = r.u64()?;
+            let total_len = r.u64()?;
+            let mode = match r.u8()? {
+                0 => Mode::Sync,
+                1 => {
+                    let s = r.u64()?;
+                    Mode::Async { staleness: (s != u64::MAX).then_some(s) }
+                }
+                2 => Mode::Elastic,
+                other => return Err(r.bad(format!("unknown mode {other}"))),
+            };
+            Frame::Welcome { shard, replicas, start, end, total_len, mode, version: r.u64()? }
+        }
+        0x82 => Frame::Joined { clock: r.u64()?, version: r.u64()? },
+        0x83 => Frame::Left,
+        0x84 => Frame::Ack { version: r.u64()?, clock: r.u64()? },
+        0x85 => Frame::Weights { version: r.u64()?, offset: r.u64()?, values: r.floats()? },
+        0x86 => Frame::Status(r.string()?),
+        0xEE => {
+            let raw = r.u16()?;
+            let code = ErrorCode::from_wire(raw).ok_or_else(|| r.bad(format!("unknown error code {raw}")))?;
+            Frame::Error { code, message: r.string()? }
+        }
+        _ => return Err(WireError::UnknownKind(kind)),
+    };
+    if !r.buf.is_empty() {
+        return Err(r.bad(format!("{} trailing bytes", r.buf.len())));
+    }
+    Ok(frame)
+}
+
+fn kind_name(kind: u8) -> Option<&'static str> {
+    Some(match kind {
+        0x01 => "hello",
+        0x02 => "init",
+        0x03 => "join",
+        0x04 => "leave",
+        0x05 => "push",
+        0x06 => "pull",
+        0x07 => "report",
+        0x08 => "status-request",
+        0x81 => "welcome",
+        0x82 => "joined",
+        0x83 => "left",
+        0x84 => "ack",
+        0x85 => "weights",
+        0x86 => "status",
+        0xEE => "error",
+        _ => return None,
+    })
+}
+
+/// A frame could not be read from a blocking stream.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The peer closed the connection between frames.
+    #[error("connection closed by the peer")]
+    Closed,
+    /// The socket failed (a read timeout shows up here as `WouldBlock` or `TimedOut`).
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The bytes are not a valid frame.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+}
+
+/// Writes one frame to a blocking stream.
+pub fn write_frame(w: &mut impl Write, frame: &Frame) -> io::Result<()> {
+    let mut buf = Vec::new();
+    encode(frame, &mut buf);
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+/// Reads one frame from a blocking stream, refusing bodies over `max_frame` bytes.
+pub fn read_frame(r: &mut impl Read, max_frame: usize) -> Result<Frame, ReadError> {
+    let mut header = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match r.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Err(ReadError::Closed),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let (kind, len) = parse_header(&header, max_frame)?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(decode_body(kind, &body)?)
+}
+
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn f32(&mut self, v: f32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn string(&mut self, s: &str) {
+        self.u32(s.len() as u32);
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn floats(&mut self, values: &[f32]) {
+        self.u64(values.len() as u64);
+        self.0.reserve(values.len() * 4);
+        for v in values {
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    kind: &'static str,
+}
+
+impl Reader<'_> {
+    fn bad(&self, detail: String) -> WireError {
+        WireError::Malformed { kind: self.kind, detail }
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], WireError> {
+        if self.buf.len() < n {
+            return Err(self.bad(format!("truncated {what}: needs {n} bytes, {} left", self.buf.len())));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], WireError> {
+        let bytes = self.take(N, what)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>("u8")?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array("u16")?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array("u32")?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array("u64")?))
+    }
+    fn f32(&mut self) -> Result<f32, WireError> {
+        Ok(f32::from_le_bytes(self.array("f32")?))
+    }
+    fn string(&mut self) -> Result<String, WireError> {
+        let len = self.u32()? as usize;
+        let bytes = self.take(len, "string")?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| self.bad("string is not UTF-8".to_owned()))
+    }
+    fn floats(&mut self) -> Result<Vec<f32>, WireError> {
+        let count = self.u64()?;
+        // Checked against the bytes present before allocating, so a lying count cannot exhaust memory.
+        let bytes = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(4))
+            .filter(|&b| b <= self.buf.len())
+            .ok_or_else(|| self.bad(format!("{count} floats announced, {} bytes left", self.buf.len())))?;
+        let raw = self.take(bytes, "floats")?;
+        Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_frames() -> Vec<Frame> {
+        vec![
+            Frame::Hello {
+                token: "s3cret".into(),
+                peer: Peer::Worker { group: 3, rank: 1, attempt: 2 },
+                total_len: 1234,
+            },
+            Frame::Hello { token: String::new(), peer: Peer::Observer, total_len: 0 },
+            Frame::Init { offset: 7, values: vec![1.0, -2.5, 3.25] },
+            Frame::Join,
+            Frame::Leave,
+            Frame::Push { kind: PushKind::Elastic, offset: 9, values: vec![0.5; 5] },
+            Frame::Push { kind: PushKind::Gradient, offset: 0, values: vec![] },
+            Frame::Pull { offset: 4, len: 100 },
+            Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640 }),
+            Frame::StatusRequest,
+            Frame::Welcome {
+                shard: 1,
+                replicas: 2,
+                start: 5,
+                end: 10,
+                total_len: 10,
+                mode: Mode::Async { staleness: Some(2) },
+                version: 77,
+            },
+            Frame::Welcome {
+                shard: 0,
+                replicas: 1,
+                start: 0,
+                end: 1,
+                total_len: 1,
+                mode: Mode::Async { staleness: None },
+                version: 0,
+            },
+            Frame::Joined { clock: 3, version: 4 },
+            Frame::Left,
+            Frame::Ack { version: 1, clock: 2 },
+            Frame::Weights { version: 8, offset: 2, values: vec![f32::MAX, f32::MIN_POSITIVE] },
+            Frame::Status("{\"step\":1}".into()),
+            Frame::Error { code: ErrorCode::BadRange, message: "nope".into() },
+        ]
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        for frame in all_frames() {
+            let mut buf = Vec::new();
+            encode(&frame, &mut buf);
+            let back = read_frame(&mut buf.as_slice(), DEFAULT_MAX_FRAME);
+            assert_eq!(back.ok().as_ref(), Some(&frame), "{}", frame.name());
+        }
+    }
+
+    #[test]
+    fn truncated_or_padded_bodies_are_malformed_not_panics() {
+        for frame in all_frames() {
+            let mut buf = Vec::new();
+            encode(&frame, &mut buf);
+            let body = &buf[HEADER_LEN..];
+            let kind = buf[7];
+            for cut in 0..body.len() {
+                let err = decode_body(kind, &body[..cut]);
+                assert!(matches!(err, Err(WireError::Malformed { .. })), "{} cut at {cut}", frame.name());
+            }
+            let mut padded = body.to_vec();
+            padded.push(0);
+            assert!(matches!(decode_body(kind, &padded), Err(WireError::Malformed { .. })));
+        }
+    }
+
+    #[test]
+    fn bad_headers_are_fatal_and_unknown_kinds_are_not() {
+        let mut header = [0u8, 0, 0, 4, b'T', b'P', PROTOCOL_VERSION, 0x03];
+        assert_eq!(parse_header(&header, 100), Ok((0x03, 4)));
+        assert!(
+            matches!(parse_header(&header, 3), Err(e) if e.is_fatal() && e.code() == ErrorCode::TooLarge)
+        );
+        header[4] = b'G';
+        assert!(matches!(parse_header(&header, 100), Err(e @ WireError::BadMagic { .. }) if e.is_fatal()));
+        header[4] = b'T';
+        header[6] = 9;
+        assert!(
+            matches!(parse_header(&header, 100), Err(e @ WireError::Version { found: 9 }) if e.is_fatal())
+        );
+        let unknown = decode_body(0x42, &[]);
+        assert!(matches!(unknown, Err(ref e @ WireError::UnknownKind(0x42)) if !e.is_fatal()));
+    }
+
+    #[test]
+    fn a_lying_float_count_is_refused_without_allocating_it() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(decode_body(0x02, &body), Err(WireError::Malformed { kind: "init", .. })));
+    }
+
+    #[test]
+    fn chunk_size_leaves_room_for_the_header_fields() {
+        let n = max_values_per_frame(1024);
+        let mut buf = Vec::new();
+        encode(&Frame::Push { kind: PushKind::Gradient, offset: u64::MAX, values: vec![0.0; n] }, &mut buf);
+        assert!(buf.len() - HEADER_LEN <= 1024);
+    }
+}
