@@ -19,6 +19,7 @@ pub mod optim;
 pub mod server;
 pub mod shard;
 pub mod state;
+pub mod step;
 pub mod wire;
 
 use serde::Serialize;

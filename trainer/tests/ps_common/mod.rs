@@ -22,7 +22,6 @@ pub struct Job {
 impl Job {
     /// A job whose PS runs `algorithm` with plain SGD at rate 1 (updates subtract the gradient).
     pub fn new(algorithm: &str, staleness: u32, replicas: usize, checkpoint_every: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
         let spec = serde_json::json!({
             "training": {
                 "algorithm": algorithm,
@@ -34,6 +33,13 @@ impl Job {
             },
             "parameterServers": {"replicas": replicas}
         });
+        Self::with_spec(spec)
+    }
+
+    /// A job with the given TrainingJob spec (JSON).
+    pub fn with_spec(spec: serde_json::Value) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let replicas = spec["parameterServers"]["replicas"].as_u64().unwrap() as usize;
         let config = serde_json::json!({
             "jobName": "ps-test",
             "namespace": "local",

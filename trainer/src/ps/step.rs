@@ -1,0 +1,169 @@
+//! How a worker group trains against the parameter servers: a [`GradientStep`] that combines the
+//! group's gradient with collectives and exchanges each rank's block with the PS shards.
+//!
+//! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
+//! join, pull the current weights, allgather them, so a group that joins late starts from the
+//! PS's weights), then [`crate::train::Trainer::step`] with this step every iteration.
+//!
+//! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
+//! ([`crate::comm::block_range`]):
+//! - gradient modes (`ps-sync`, `ps-async`, `hybrid`): reduce-scatter (average) of the gradient;
+//!   rank `i` pushes block `i` and pulls it back (the PS runs the optimizer and the schedule);
+//!   allgather of the weights. No rank carries the whole model to the PS.
+//! - `easgd` (MPI-ESGD): allreduce (average) of the gradient and a local optimizer step on every
+//!   rank (identical, so the group stays in sync); every τ steps rank `i` pulls the centre's block
+//!   `i`, moves its block by `e = α·(x − centre)`, pushes `e` (the PS adds it to the centre), and
+//!   the group allgathers the weights.
+//!
+//! Guarantees: every rank of a group makes the same collective calls in the same order, so the
+//! group's weights are equal on all ranks after every step.
+
+use std::ops::Range;
+
+use tandem_api::OptimizerSpec;
+
+use super::Mode;
+use super::client::{ClientError, PsClient};
+use crate::comm::{CommError, Communicator, ReduceOp, block_range};
+use crate::optim::{Optimizer, OptimizerState};
+use crate::train::{GradientStep, TrainError};
+
+/// What a group does with its gradient.
+#[derive(Clone, Debug)]
+pub enum Exchange {
+    /// Push the averaged gradient; the PS updates (sync, async, bounded staleness).
+    Gradient,
+    /// Local updates and an elastic exchange with the PS centre every `tau` steps.
+    Elastic {
+        /// Moving rate α.
+        alpha: f32,
+        /// Steps between exchanges τ (at least 1).
+        tau: u64,
+        /// The local optimizer's settings.
+        optimizer: OptimizerSpec,
+    },
+}
+
+/// A group rank's link to the PS, as a [`GradientStep`].
+pub struct PsStep<C: Communicator> {
+    comm: C,
+    client: PsClient,
+    block: Range<usize>,
+    exchange: Exchange,
+    local: Option<Optimizer>,
+    scratch: Vec<f32>,
+}
+
+fn comm_err(e: CommError) -> TrainError {
+    TrainError::Step(format!("group collective: {e}"))
+}
+
+fn ps_err(e: ClientError) -> TrainError {
+    TrainError::Step(e.to_string())
+}
+
+impl<C: Communicator> PsStep<C> {
+    /// Joins the PS with this rank's block of `params` as initial weights, then replaces `params`
+    /// with the PS's current weights (the same on every rank of the group afterwards).
+    pub fn start(
+        mut comm: C,
+        mut client: PsClient,
+        exchange: Exchange,
+        params: &mut [f32],
+    ) -> Result<Self, TrainError> {
+        let expected = match exchange {
+            Exchange::Gradient => "sync or async",
+            Exchange::Elastic { .. } => "elastic",
+        };
+        let fits = matches!(
+            (&exchange, client.mode()),
+            (Exchange::Gradient, Mode::Sync | Mode::Async { .. }) | (Exchange::Elastic { .. }, Mode::Elastic)
+        );
+        if !fits {
+            return Err(TrainError::Config(format!(
+                "the parameter servers run {} but this worker's algorithm needs {expected} mode; \
+                 workers and servers must read the same job config",
+                client.mode()
+            )));
+        }
+        let block = block_range(params.len(), comm.size(), comm.rank());
+        if !block.is_empty() {
+            client.init(block.start as u64, &params[block.clone()]).map_err(ps_err)?;
+        }
+        client.join().map_err(ps_err)?;
+        if !block.is_empty() {
+            client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
+        }
+        comm.allgather(params).map_err(comm_err)?;
+        let local = match &exchange {
+            Exchange::Elastic { optimizer, .. } => Some(Optimizer::new(optimizer, params.len())),
+            Exchange::Gradient => None,
+        };
+        Ok(Self { comm, client, block, exchange, local, scratch: Vec::new() })
+    }
+
+    /// The PS client (for progress reports and status).
+    pub fn client(&mut self) -> &mut PsClient {
+        &mut self.client
+    }
+
+    /// Leaves the PS membership (at a step boundary) and returns the communicator.
+    pub fn leave(mut self) -> Result<C, TrainError> {
+        self.client.leave().map_err(ps_err)?;
+        Ok(self.comm)
+    }
+}
+
+impl<C: Communicator> GradientStep for PsStep<C> {
+    fn apply(&mut self, step: u64, lr: f64, params: &mut [f32], grads: &mut [f32]) -> Result<(), TrainError> {
+        let b = self.block.clone();
+        match &self.exchange {
+            Exchange::Gradient => {
+                let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(comm_err)?;
+                if got != b {
+                    return Err(TrainError::Step(format!(
+                        "reduce-scatter returned block {got:?}, expected {b:?}"
+                    )));
+                }
+                if !b.is_empty() {
+                    self.client.push(b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
+                    self.client.pull(b.start as u64, &mut params[b.clone()]).map_err(ps_err)?;
+                }
+                self.comm.allgather(params).map_err(comm_err)?;
+            }
+            Exchange::Elastic { alpha, tau, .. } => {
+                let (alpha, tau) = (*alpha, (*tau).max(1));
+                self.comm.allreduce(grads, ReduceOp::Average).map_err(comm_err)?;
+                if let Some(opt) = self.local.as_mut() {
+                    opt.step(params, grads, lr)?;
+                }
+                if (step + 1).is_multiple_of(tau) {
+                    if !b.is_empty() {
+                        self.scratch.resize(b.len(), 0.0);
+                        self.client.pull(b.start as u64, &mut self.scratch).map_err(ps_err)?;
+                        for (c, x) in self.scratch.iter_mut().zip(&mut params[b.clone()]) {
+                            let e = alpha * (*x - *c);
+                            *x -= e;
+                            *c = e;
+                        }
+                        self.client.push(b.start as u64, &self.scratch).map_err(ps_err)?;
+                    }
+                    self.comm.allgather(params).map_err(comm_err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn optimizer_state(&self) -> Option<OptimizerState> {
+        self.local.as_ref().map(Optimizer::state)
+    }
+
+    fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {
+        match self.local.as_mut() {
+            Some(opt) => Ok(opt.restore(state)?),
+            // The PS owns the optimizer in gradient modes; a worker checkpoint carries none.
+            None => Ok(()),
+        }
+    }
+}
