@@ -242,7 +242,9 @@ impl LaunchEnv {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ContractError {
     /// A required variable is unset.
-    #[error("environment variable {0} is not set; tandem processes are started by the operator or `tandem train`, which set it")]
+    #[error(
+        "environment variable {0} is not set; tandem processes are started by the operator or `tandem train`, which set it"
+    )]
     Missing(&'static str),
     /// A variable holds a value of the wrong form.
     #[error("environment variable {key}={value:?} is invalid: expected {expected}")]

@@ -840,12 +840,22 @@ impl TrainingJobSpec {
                 "elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go",
             );
         }
+        let m = &self.model;
+        if !m.hidden.iter().all(|w| (1..=65536).contains(w)) {
+            return fail("model.hidden widths must lie in [1, 65536]");
+        }
+        if m.channels.len() != 2 || !m.channels.iter().all(|c| (1..=1024).contains(c)) {
+            return fail("model.channels needs exactly two values in [1, 1024], one per convolution block");
+        }
         let lr = t.optimizer.learning_rate;
         if !(lr > 0.0 && lr <= 10.0) {
             return fail("training.optimizer.learningRate must lie in (0, 10]");
         }
         if !(0.0..1.0).contains(&t.optimizer.momentum) {
             return fail("training.optimizer.momentum must lie in [0, 1)");
+        }
+        if !(0.0..1.0).contains(&t.optimizer.weight_decay) {
+            return fail("training.optimizer.weightDecay must lie in [0, 1)");
         }
         if t.optimizer.schedule.kind == ScheduleKind::Step && t.optimizer.schedule.step_size < 1 {
             return fail("schedule kind step needs stepSize >= 1");
