@@ -14,3 +14,4 @@ pub mod optim;
 pub mod ps;
 pub mod rng;
 pub mod train;
+pub mod worker;

@@ -20,6 +20,8 @@ enum Command {
     Bench(cli::bench::Bench),
     /// Serve one parameter-server shard (started by the operator or `tandem train`).
     Ps(cli::ps::Args),
+    /// One worker rank of a parameter-server job (started by the operator or `tandem train`).
+    Worker(cli::worker::Args),
     /// One rank of a collective self-test, soak or benchmark (started by `bench` and by tests).
     #[command(hide = true, name = "comm-rank")]
     CommRank(cli::bench::RankArgs),
@@ -31,6 +33,7 @@ fn main() -> anyhow::Result<()> {
         Command::Train(args) => cli::train::run(args),
         Command::Bench(bench) => cli::bench::run(bench),
         Command::Ps(args) => cli::ps::run(args),
+        Command::Worker(args) => cli::worker::run(args),
         Command::CommRank(args) => cli::bench::run_rank(args),
     }
 }

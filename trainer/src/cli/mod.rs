@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod ps;
 pub mod train;
+pub mod worker;

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tandem::ps::client::{ClientConfig, PsClient};
-use tandem_api::contract::{Endpoint, JobConfig, LaunchEnv, Role};
+use tandem_api::contract::{Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
 
 pub const TOKEN: &str = "ps-test-token-7f3a";
 
@@ -89,6 +89,39 @@ impl Job {
             );
         };
         PsProcess { child: Some(child), addr: addr.to_owned(), log }
+    }
+
+    /// Rewrites the job config with the real PS addresses and each group's collective endpoints.
+    pub fn write_topology(&self, ps: &[PsProcess], groups: &[Vec<Endpoint>]) {
+        let path = self.dir.path().join("job.json");
+        let mut job = JobConfig::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        job.parameter_servers = ps.iter().map(|p| Endpoint::new("127.0.0.1", p.port())).collect();
+        job.groups = groups
+            .iter()
+            .enumerate()
+            .map(|(i, peers)| GroupTopology { index: i as u32, peers: peers.clone() })
+            .collect();
+        std::fs::write(&path, job.to_json()).unwrap();
+    }
+
+    /// Starts `tandem worker` for rank `rank` of group `group`; stdout is piped.
+    pub fn spawn_worker(&self, group: u32, rank: u32) -> Child {
+        let env = LaunchEnv {
+            role: Role::Worker { group, rank },
+            config: self.dir.path().join("job.json"),
+            token_file: self.dir.path().join("token"),
+            bind: "127.0.0.1".into(),
+            output: self.output(),
+            attempt: 0,
+        };
+        let log = unique(self.dir.path().join(format!("worker-{group}-{rank}.log")));
+        Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["worker", "--device", "cpu"])
+            .envs(env.to_vars())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap()
     }
 
     pub fn worker(&self, servers: &[String], group: u32, rank: u32, total: u64) -> PsClient {
