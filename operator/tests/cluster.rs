@@ -137,8 +137,8 @@ impl Harness {
 
     async fn stop(self) {
         let _ = self.stop.send(true);
-        let _ = tokio::time::timeout(WAIT, self.operator).await;
         let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(self.admin());
+        let _ = tokio::time::timeout(WAIT, self.operator).await;
         let _ = bindings.delete(&self.binding, &DeleteParams::default()).await;
         self.ns.cleanup().await.unwrap();
     }
