@@ -28,8 +28,8 @@ where
     }
 }
 
-fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
-    serde_yaml::from_str(text).expect("test manifest is valid")
+fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    serde_yaml::from_str(text).with_context(|| format!("test manifest is not valid: {text}"))
 }
 
 #[tokio::test]
@@ -56,7 +56,7 @@ async fn a_test_namespace_exists_until_cleanup_removes_it() -> Result<()> {
     );
 
     // Something inside, which the namespace controller must remove with it.
-    let cm: ConfigMap = yaml("metadata: {name: inside}\ndata: {k: v}");
+    let cm: ConfigMap = yaml("metadata: {name: inside}\ndata: {k: v}")?;
     ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await?;
 
     ns.cleanup().await?;
@@ -96,7 +96,7 @@ async fn an_impersonated_service_account_has_exactly_its_rbac_rights() -> Result
 
     // The server sees the ServiceAccount's identity and groups.
     let review = Api::<SelfSubjectReview>::all(sa.clone())
-        .create(&PostParams::default(), &yaml("metadata: {}"))
+        .create(&PostParams::default(), &yaml("metadata: {}")?)
         .await?;
     let user = review.status.and_then(|s| s.user_info).context("SelfSubjectReview has no user")?;
     assert_eq!(
@@ -130,7 +130,7 @@ async fn an_impersonated_service_account_has_exactly_its_rbac_rights() -> Result
         Ok(as_sa.list(&Default::default()).await.ok().map(|_| ()))
     })
     .await?;
-    let cm: ConfigMap = yaml("metadata: {name: written-by-reader}");
+    let cm: ConfigMap = yaml("metadata: {name: written-by-reader}")?;
     match as_sa.create(&PostParams::default(), &cm).await {
         Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
         other => bail!("creating a ConfigMap with a read-only Role was not refused: {other:?}"),
@@ -150,11 +150,11 @@ async fn owned_objects_are_garbage_collected_with_their_owner() -> Result<()> {
     let cluster = TestCluster::connect().await?;
     let ns = cluster.namespace("testkit-gc").await?;
     let cms = ns.api::<ConfigMap>();
-    let owner = cms.create(&PostParams::default(), &yaml("metadata: {name: owner}")).await?;
+    let owner = cms.create(&PostParams::default(), &yaml("metadata: {name: owner}")?).await?;
     let uid = owner.metadata.uid.context("created ConfigMap has no uid")?;
     let child: ConfigMap = yaml(&format!(
         "metadata:\n  name: child\n  ownerReferences: [{{apiVersion: v1, kind: ConfigMap, name: owner, uid: {uid}}}]"
-    ));
+    ))?;
     cms.create(&PostParams::default(), &child).await?;
     cms.delete("owner", &DeleteParams::background()).await?;
     eventually("the garbage collector to delete the owned ConfigMap", 60, || async {
@@ -191,7 +191,7 @@ async fn a_pod_bound_to_a_kwok_node_runs_and_goes_away_when_deleted() -> Result<
     let node: Node = yaml(&format!(
         "metadata:\n  name: {node_name}\n  annotations: {{kwok.x-k8s.io/node: fake}}\n  labels: {{type: kwok}}\n\
          status:\n  allocatable: {{cpu: '8', memory: 16Gi, pods: '110'}}\n  capacity: {{cpu: '8', memory: 16Gi, pods: '110'}}"
-    ));
+    ))?;
     nodes.create(&PostParams::default(), &node).await?;
     let result = async {
         eventually("kwok to mark the fake node Ready", 60, || async {
@@ -205,7 +205,7 @@ async fn a_pod_bound_to_a_kwok_node_runs_and_goes_away_when_deleted() -> Result<
         let pods = ns.api::<Pod>();
         let pod: Pod = yaml(&format!(
             "metadata: {{name: sleeper}}\nspec:\n  nodeName: {node_name}\n  containers: [{{name: main, image: tandem-trainer:test}}]"
-        ));
+        ))?;
         pods.create(&PostParams::default(), &pod).await?;
         eventually("kwok to run the pod", 60, || async {
             let phase = pods.get("sleeper").await?.status.and_then(|s| s.phase);
