@@ -106,8 +106,9 @@ impl InputShape {
 enum Arch {
     /// `layers` dense layers, ReLU between them.
     Mlp { layers: usize },
-    /// conv5×5(pad 2)→ReLU→maxpool2, twice, then `dense` dense layers.
-    Cnn { input: InputShape, dense: usize },
+    /// conv5×5(pad 2)→ReLU→maxpool2, twice, then `dense` dense layers. `im2col` holds, per conv
+    /// layer, the gather indices that unfold its padded input into patch columns.
+    Cnn { input: InputShape, dense: usize, im2col: [Tensor; 2] },
 }
 
 /// A network with its parameters.
@@ -205,7 +206,12 @@ impl Model {
                 add(&mut rng, "conv2.weight".into(), vec![c2, c1, k, k], c1 * k * k)?;
                 add(&mut rng, "conv2.bias".into(), vec![c2], c1 * k * k)?;
                 let flat_in = c2 * (input.height / 4) * (input.width / 4);
-                Arch::Cnn { input, dense: dense(&mut rng, flat_in, &mut add)? }
+                let (h2, w2) = (input.height / 2, input.width / 2);
+                let im2col = [
+                    im2col_index(input.channels, input.height, input.width, k, device)?,
+                    im2col_index(c1, h2, w2, k, device)?,
+                ];
+                Arch::Cnn { input, dense: dense(&mut rng, flat_in, &mut add)?, im2col }
             }
         };
         let layout = FlatLayout::new(names.iter().map(|(n, s)| (n.as_str(), s.as_slice())));
@@ -263,16 +269,11 @@ impl Model {
         };
         match &self.arch {
             Arch::Mlp { layers } => dense_from(x.clone(), 0, *layers).map_err(c),
-            Arch::Cnn { input, dense } => (|| {
+            Arch::Cnn { input, dense, im2col } => (|| {
                 let b = x.dim(0)?;
                 let x = x.reshape((b, input.channels, input.height, input.width))?;
-                let conv = |x: &Tensor, w: &Tensor, bias: &Tensor| -> candle_core::Result<Tensor> {
-                    let y = x.conv2d(w, 2, 1, 1, 1)?;
-                    let y = y.broadcast_add(&bias.reshape((1, bias.dim(0)?, 1, 1))?)?;
-                    y.relu()?.max_pool2d(2)
-                };
-                let x = conv(&x, v(0), v(1))?;
-                let x = conv(&x, v(2), v(3))?;
+                let x = conv_block(&x, v(0), v(1), &im2col[0])?;
+                let x = conv_block(&x, v(2), v(3), &im2col[1])?;
                 let x = x.flatten_from(1)?;
                 dense_from(x, 4, *dense)
             })()
@@ -313,6 +314,45 @@ impl Model {
     }
 }
 
+/// Padding of the 5×5 convolutions ("same" output size).
+const PAD: usize = 2;
+
+/// Indices that gather a zero-padded `[c, h+2p, w+2p]` image (flattened) into `[c·k·k, h·w]` patch
+/// columns, row (ci, ky, kx), column (y, x).
+fn im2col_index(c: usize, h: usize, w: usize, k: usize, device: &Device) -> Result<Tensor, ModelError> {
+    let (hp, wp) = (h + 2 * PAD, w + 2 * PAD);
+    let mut idx = Vec::with_capacity(c * k * k * h * w);
+    for ci in 0..c {
+        for ky in 0..k {
+            for kx in 0..k {
+                for y in 0..h {
+                    for x in 0..w {
+                        idx.push((ci * hp * wp + (y + ky) * wp + (x + kx)) as u32);
+                    }
+                }
+            }
+        }
+    }
+    Tensor::from_vec(idx, c * k * k * h * w, device).map_err(ctx("building convolution indices"))
+}
+
+/// conv5×5 (pad 2, stride 1) → +bias → ReLU → 2×2 max-pool, on `[b, c, h, w]`.
+///
+/// The convolution is an explicit im2col gather plus one batched matmul rather than candle's
+/// `conv2d`, whose CPU backward (`conv_transpose2d`) is a scalar loop about 10× slower; the gather's
+/// backward is a scatter-add and the matmul's is two GEMMs.
+fn conv_block(x: &Tensor, w: &Tensor, bias: &Tensor, im2col: &Tensor) -> candle_core::Result<Tensor> {
+    let (b, c, h, wd) = x.dims4()?;
+    let c_out = w.dim(0)?;
+    let xp = x.pad_with_zeros(2, PAD, PAD)?.pad_with_zeros(3, PAD, PAD)?;
+    let cols = xp.reshape((b, c * (h + 2 * PAD) * (wd + 2 * PAD)))?.index_select(im2col, 1)?;
+    let kk = cols.dim(1)? / (h * wd);
+    let cols = cols.reshape((b, kk, h * wd))?;
+    let y = w.reshape((c_out, kk))?.broadcast_matmul(&cols)?;
+    let y = y.reshape((b, c_out, h, wd))?.broadcast_add(&bias.reshape((1, c_out, 1, 1))?)?;
+    y.relu()?.max_pool2d(2)
+}
+
 fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, ModelError> {
     let pred = logits.argmax(1).map_err(ctx("argmax"))?;
     let eq = pred
@@ -332,4 +372,31 @@ pub struct BatchStats {
     pub correct: usize,
     /// Samples in the batch.
     pub samples: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn im2col_convolution_equals_candles_conv2d() {
+        let mut rng = Rng::new(1);
+        let dev = Device::Cpu;
+        let (b, c, h, w, c_out) = (3, 2, 6, 5, 4);
+        let mut t = |shape: &[usize]| {
+            let n = shape.iter().product();
+            Tensor::from_vec((0..n).map(|_| rng.normal()).collect::<Vec<f32>>(), shape, &dev).unwrap()
+        };
+        let (x, k, bias) = (t(&[b, c, h, w]), t(&[c_out, c, 5, 5]), t(&[c_out]));
+        let idx = im2col_index(c, h, w, 5, &dev).unwrap();
+        let ours = conv_block(&x, &k, &bias, &idx).unwrap();
+        let reference = x
+            .conv2d(&k, 2, 1, 1, 1)
+            .and_then(|y| y.broadcast_add(&bias.reshape((1, c_out, 1, 1))?))
+            .and_then(|y| y.relu()?.max_pool2d(2))
+            .unwrap();
+        assert_eq!(ours.dims(), reference.dims());
+        let diff = (ours - reference).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-4, "max difference {diff}");
+    }
 }

@@ -74,20 +74,6 @@ fn json_output_ends_with_finished_and_writes_the_curve() {
 }
 
 #[test]
-fn multi_process_jobs_get_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("job.yaml");
-    let hybrid =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mnist-hybrid.yaml"))
-            .unwrap();
-    std::fs::write(&job, hybrid).unwrap();
-    let out = tandem().args(["train", "-f"]).arg(&job).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("single-process"), "{err}");
-}
-
-#[test]
 fn bad_manifests_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("job.yaml");
