@@ -13,5 +13,6 @@ pub mod model;
 pub mod optim;
 pub mod ps;
 pub mod rng;
+pub mod runner;
 pub mod train;
 pub mod worker;

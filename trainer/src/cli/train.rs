@@ -45,6 +45,10 @@ pub struct Args {
     /// Continue from the newest checkpoint in the output folder, if there is one.
     #[arg(long)]
     pub resume: bool,
+    /// Kill a process of a multi-process job when the merged progress reaches a step:
+    /// `kill:ps:<i>@<step>` or `kill:worker:<group>:<rank>@<step>` (repeatable).
+    #[arg(long, value_name = "SPEC")]
+    pub chaos: Vec<tandem::runner::chaos::Chaos>,
 }
 
 /// Runs `tandem train`.
@@ -56,14 +60,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let spec = &job.spec;
     spec.validate().with_context(|| format!("{}", args.file.display()))?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".to_owned());
-    let ranks = spec.workers.groups * spec.workers.group_size;
-    if ranks > 1 || spec.parameter_servers.replicas > 0 {
+    if tandem::runner::needs_runner(spec) {
+        return run_local(&args, &name, spec);
+    }
+    if !args.chaos.is_empty() {
         bail!(
-            "{}: this job needs {ranks} worker rank(s) and {} parameter server(s); `tandem train` runs \
-             single-process jobs for now (workers.groups 1, workers.groupSize 1, parameterServers.replicas 0, \
-             algorithm allreduce) — the multi-process local runner is not built yet",
-            args.file.display(),
-            spec.parameter_servers.replicas
+            "--chaos kills processes of a multi-process job; {} trains in this one process",
+            args.file.display()
         );
     }
 
@@ -165,4 +168,27 @@ fn model_label(spec: &tandem_api::TrainingJobSpec) -> String {
             format!("cnn channels [{}] dense [{}]", ch.join(", "), hidden.join(", "))
         }
     }
+}
+
+/// A job of several processes: the local runner starts and supervises them.
+fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> anyhow::Result<()> {
+    let output = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("out").join(name));
+    std::fs::create_dir_all(&output).with_context(|| format!("creating {}", output.display()))?;
+    let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let device = clap::ValueEnum::to_possible_value(&args.device)
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_else(|| "auto".to_owned());
+    let opts = tandem::runner::Options {
+        job_name: name.to_owned(),
+        spec: spec.clone(),
+        output: absolute(&output),
+        exe: std::env::current_exe().context("cannot find the tandem executable to start its processes")?,
+        data_dir: absolute(&args.data_dir),
+        worker_args: vec!["--device".to_owned(), device],
+        chaos: args.chaos.clone(),
+        resume: args.resume,
+    };
+    let mut display = tandem::runner::display::Display::new(name, args.output == Output::Json);
+    tandem::runner::run(&opts, &mut |event| display.show(event))
+        .with_context(|| format!("{}: {name}", args.file.display()))
 }

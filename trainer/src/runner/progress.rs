@@ -1,0 +1,161 @@
+//! The line protocol between `tandem worker` and the runner, and the merge of every group's
+//! progress into one view.
+//!
+//! Protocol: a worker prints JSON objects, one per line, on stdout:
+//! `{"event":"progress","group":G,"progress":{"step":S,"loss":L,"accuracy":A,"samples":N}}`
+//! (rank 0 of each group, at its evaluation steps) and, when it ends,
+//! `{"event":"finished","group":G,"rank":R,"steps":S,"accuracy":A}`. Other lines (logs,
+//! `listening on …`) are not protocol and are ignored.
+//!
+//! Guarantees: the merged step never goes backwards (a restarted group starts its count again,
+//! but the merged step is the furthest step any group reached); samples of earlier attempts are
+//! kept.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// A protocol line from a worker.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Line {
+    /// Rank 0 of `group` reached `step`.
+    Progress {
+        /// Group index.
+        group: u32,
+        /// Steps the group completed.
+        step: u64,
+        /// Latest training loss.
+        loss: Option<f64>,
+        /// Latest test accuracy.
+        accuracy: Option<f64>,
+        /// Samples the group processed in this attempt.
+        samples: u64,
+    },
+    /// A rank finished all its steps.
+    Finished {
+        /// Group index.
+        group: u32,
+        /// Rank.
+        rank: u32,
+        /// Steps it ran.
+        steps: u64,
+        /// Its final test accuracy.
+        accuracy: Option<f64>,
+    },
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    event: String,
+    group: Option<u32>,
+    rank: Option<u32>,
+    steps: Option<u64>,
+    accuracy: Option<f64>,
+    progress: Option<RawProgress>,
+}
+
+#[derive(Deserialize)]
+struct RawProgress {
+    step: u64,
+    loss: Option<f64>,
+    accuracy: Option<f64>,
+    #[serde(default)]
+    samples: u64,
+}
+
+/// Reads one stdout line; `None` for lines that are not protocol.
+pub fn parse(line: &str) -> Option<Line> {
+    let line = line.trim();
+    if !line.starts_with('{') {
+        return None;
+    }
+    let raw: Raw = serde_json::from_str(line).ok()?;
+    match raw.event.as_str() {
+        "progress" => {
+            let p = raw.progress?;
+            Some(Line::Progress {
+                group: raw.group?,
+                step: p.step,
+                loss: p.loss,
+                accuracy: p.accuracy,
+                samples: p.samples,
+            })
+        }
+        "finished" => Some(Line::Finished {
+            group: raw.group?,
+            rank: raw.rank.unwrap_or(0),
+            steps: raw.steps?,
+            accuracy: raw.accuracy,
+        }),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct GroupProgress {
+    step: u64,
+    loss: Option<f64>,
+    samples: u64,
+    earlier_samples: u64,
+}
+
+/// Every group's latest progress, merged.
+#[derive(Clone, Debug, Default)]
+pub struct Merged {
+    groups: BTreeMap<u32, GroupProgress>,
+    step: u64,
+    accuracy: Option<f64>,
+}
+
+impl Merged {
+    /// Records a progress line; returns the merged step afterwards.
+    pub fn record(
+        &mut self,
+        group: u32,
+        step: u64,
+        loss: Option<f64>,
+        accuracy: Option<f64>,
+        samples: u64,
+    ) -> u64 {
+        let g = self.groups.entry(group).or_default();
+        g.step = step;
+        if loss.is_some() {
+            g.loss = loss;
+        }
+        g.samples = samples;
+        if accuracy.is_some() {
+            self.accuracy = accuracy;
+        }
+        self.step = self.step.max(step);
+        self.step
+    }
+
+    /// `group` restarts: its step count starts again, its samples so far are kept.
+    pub fn restart(&mut self, group: u32) {
+        let g = self.groups.entry(group).or_default();
+        g.earlier_samples += g.samples;
+        g.samples = 0;
+        g.step = 0;
+    }
+
+    /// The furthest step any group reached.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Mean of the groups' latest training losses.
+    pub fn loss(&self) -> Option<f64> {
+        let losses: Vec<f64> = self.groups.values().filter_map(|g| g.loss).collect();
+        (!losses.is_empty()).then(|| losses.iter().sum::<f64>() / losses.len() as f64)
+    }
+
+    /// The latest test accuracy any group reported.
+    pub fn accuracy(&self) -> Option<f64> {
+        self.accuracy
+    }
+
+    /// Samples processed by every group over every attempt.
+    pub fn samples(&self) -> u64 {
+        self.groups.values().map(|g| g.samples + g.earlier_samples).sum()
+    }
+}
