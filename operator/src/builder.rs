@@ -513,11 +513,14 @@ fn key_to_path(key: &str, path: &str) -> KeyToPath {
     KeyToPath { key: key.to_owned(), path: path.to_owned(), mode: None }
 }
 
+/// Extended resources (name, quantity) and environment of a network preset.
+type Preset = (Vec<(String, String)>, Vec<(&'static str, &'static str)>);
+
 /// Network presets of a worker container: the RDMA device, IPC_LOCK to pin memory, a large
 /// /dev/shm and the UCX/NCCL or libfabric environment. Ethernet adds nothing.
 fn apply_network_preset(container: &mut Container, network: &tandem_api::NetworkSpec) {
     let devices = network.devices_per_worker.unwrap_or(1).to_string();
-    let (extra_limits, extra_env): (Vec<(String, String)>, Vec<(&str, &str)>) = match network.transport {
+    let (extra_limits, extra_env): Preset = match network.transport {
         Transport::Ethernet => return,
         Transport::Infiniband => (
             vec![(

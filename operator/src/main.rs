@@ -108,8 +108,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), settings, Some(identity.clone())));
     let prepared = Prepared::new(ctx, &Scope { namespace: args.namespace.clone() });
-    let store = prepared.store();
-    let refresh_store = store.clone();
+    let refresh_store = prepared.store();
     let refresh_metrics = metrics.clone();
     let refresh: server::Refresh =
         Arc::new(move || refresh_metrics.set_jobs(controller::count_phases(&refresh_store)));
@@ -132,11 +131,15 @@ async fn main() -> anyhow::Result<()> {
     });
     if let Some(elector) = &elector {
         let standby_health = health.clone();
+        let mut last_holder = String::new();
         let acquired = async {
             elector
                 .acquire(|holder| {
                     standby_health.ready.store(true, Ordering::Relaxed);
-                    tracing::info!(%holder, "standing by: another replica leads");
+                    if holder != last_holder {
+                        tracing::info!(%holder, "standing by: another replica leads");
+                        last_holder = holder.to_owned();
+                    }
                 })
                 .await;
         };
@@ -150,10 +153,23 @@ async fn main() -> anyhow::Result<()> {
         health.ready.store(false, Ordering::Relaxed);
     }
 
+    // Ready once TrainingJobs can be listed: the CRD is installed and RBAC allows the watch.
     let ready_health = health.clone();
+    let probe: kube::Api<tandem_api::TrainingJob> = match &args.namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    };
     tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            ready_health.ready.store(true, Ordering::Relaxed);
+        loop {
+            match probe.list(&kube::api::ListParams::default().limit(1)).await {
+                Ok(_) => {
+                    tracing::info!("TrainingJobs are listable; ready");
+                    ready_health.ready.store(true, Ordering::Relaxed);
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot list TrainingJobs yet: is the CRD installed?"),
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
     });
     let controller_task = tokio::spawn(prepared.run(fired(stop_rx.clone())));

@@ -1,6 +1,9 @@
 //! Builders and validation from YAML fixtures: what the operator creates for a job, without an
 //! API server.
 
+// Test helpers panic on purpose: a failed step is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};

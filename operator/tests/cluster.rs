@@ -3,6 +3,9 @@
 //! operator acts only as the ServiceAccount bound to `operator/rbac/clusterrole.yaml`
 //! (impersonation), so a missing RBAC rule fails these tests.
 
+// Test helpers panic on purpose: a failed step is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -534,5 +537,29 @@ async fn the_operator_role_grants_no_more_than_it_needs() {
     let jobs: Api<TrainingJob> = Api::namespaced(client, h.ns.name());
     let err = jobs.patch("x", &PatchParams::default(), &Patch::Merge(json!({}))).await.unwrap_err();
     assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403), "{err}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn one_replica_leads_and_a_standby_takes_over_on_release() {
+    use tandem_operator::leader::{Attempt, LeaderElector};
+    let h = Harness::start("op-lease").await;
+    let rbac = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "tandem-operator-leader-election", "namespace": h.ns.name()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tandem-operator-leader-election"},
+        "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": h.ns.name()}],
+    });
+    h.cluster.apply(h.ns.name(), &rbac).await.unwrap();
+    let client = h.cluster.impersonate(h.ns.name(), SA).unwrap();
+    let lease = Duration::from_secs(30);
+    let a = LeaderElector::new(client.clone(), h.ns.name(), "tandem-operator", "replica-a", lease);
+    let b = LeaderElector::new(client, h.ns.name(), "tandem-operator", "replica-b", lease);
+    assert_eq!(a.try_acquire().await.unwrap(), Attempt::Leader);
+    assert_eq!(b.try_acquire().await.unwrap(), Attempt::Standby("replica-a".to_owned()));
+    assert_eq!(a.try_acquire().await.unwrap(), Attempt::Leader, "the leader renews");
+    a.release().await.unwrap();
+    assert_eq!(b.try_acquire().await.unwrap(), Attempt::Leader, "a released Lease is taken at once");
+    assert_eq!(a.try_acquire().await.unwrap(), Attempt::Standby("replica-b".to_owned()));
     h.stop().await;
 }

@@ -1,6 +1,9 @@
 //! The reconcile decisions — restart, scale, suspend, deadline, TTL, clean-up — on real
 //! builder output, without an API server.
 
+// Test helpers panic on purpose: a failed step is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
