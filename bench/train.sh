@@ -13,8 +13,14 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q torch
 fi
-cargo build -q --release -p tandem-trainer --bench train 2>&1 >&2
-BIN=$(ls -t target/release/deps/train-* | grep -v '\.d$' | head -1)
+# BENCH_PROFILE=dev skips the (slow, LTO) release build; candle and its GEMM are optimised in both.
+if [ "${BENCH_PROFILE:-release}" = dev ]; then
+  cargo build -q -p tandem-trainer --bench train >&2
+  BIN=$(ls -t target/debug/deps/train-* | grep -v '\.d$' | head -1)
+else
+  cargo build -q --release -p tandem-trainer --bench train >&2
+  BIN=$(ls -t target/release/deps/train-* | grep -v '\.d$' | head -1)
+fi
 mkdir -p out/bench
 : > out/bench/train.json
 # Alternate the two, twice, so that machine noise hits both alike.
