@@ -1,6 +1,8 @@
 //! The example jobs reach their accuracy targets on real MNIST-5k data (needs `make data`):
 //! MLP ≥ 0.92 and CNN ≥ 0.95 test accuracy on the 1,000 held-out digits.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 mod trainer_support;
 
 use candle_core::Device;

@@ -1,5 +1,7 @@
 //! Checkpoint format: round trip, atomic write, refusal of corrupt and foreign files, PS shards.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 use tandem::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, FORMAT_VERSION, NamedTensor};
 use tandem::data::DataCursor;
 use tandem::optim::Optimizer;

@@ -1,5 +1,7 @@
 //! `tandem train` as a user runs it: JSON progress, the finished line, the curve, clear errors.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 mod trainer_support;
 
 use std::process::Command;

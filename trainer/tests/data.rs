@@ -1,5 +1,7 @@
 //! Data readers, the built-in split, synthetic data and sharded batching.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 mod trainer_support;
 
 use std::io::Write;

@@ -1,5 +1,7 @@
 //! The flat view: set(get()) is the identity and the flat gradient is the per-tensor gradients.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 mod trainer_support;
 
 use candle_core::{Device, Tensor};

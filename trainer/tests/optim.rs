@@ -1,5 +1,7 @@
 //! Optimizers against hand-computed updates, and on sub-ranges (as a PS shard runs them).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 use tandem::optim::{LrSchedule, Optimizer};
 use tandem_api::{OptimizerKind, OptimizerSpec, ScheduleKind, ScheduleSpec};
 

@@ -1,5 +1,7 @@
 //! Resuming at step k from a checkpoint ends with bit-for-bit the weights of an uninterrupted run.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 mod trainer_support;
 
 use candle_core::Device;
