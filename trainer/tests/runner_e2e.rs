@@ -1,0 +1,241 @@
+//! `tandem train -f` on multi-process jobs, end to end: real `tandem ps` and `tandem worker`
+//! processes on loopback, started, supervised and stopped by the local runner.
+//!
+//! Needs the MNIST-5k sample in `data/` (`make data`). The jobs run one at a time: each one already
+//! keeps six processes busy.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use tandem_api::contract::JobConfig;
+
+static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn data_dir() -> PathBuf {
+    let dir = repo().join("data");
+    assert!(
+        dir.join("mnist_5k.csv.gz").exists(),
+        "{} has no mnist_5k.csv.gz; run `make data` first",
+        dir.display()
+    );
+    dir
+}
+
+/// The example manifest with `edit` applied to its YAML, written into `dir`.
+fn manifest(dir: &Path, example: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("examples").join(example)).unwrap();
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    edit(&mut doc);
+    let path = dir.join(example);
+    std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    path
+}
+
+fn set(doc: &mut serde_yaml::Value, path: &[&str], value: serde_yaml::Value) {
+    let mut at = doc;
+    for key in &path[..path.len() - 1] {
+        at = at.get_mut(*key).unwrap_or_else(|| panic!("no {key} in the manifest"));
+    }
+    at[path[path.len() - 1]] = value;
+}
+
+struct Run {
+    success: bool,
+    events: Vec<serde_json::Value>,
+    stderr: String,
+}
+
+impl Run {
+    fn finished(&self) -> &serde_json::Value {
+        let last = self.events.last().unwrap_or_else(|| panic!("no events; stderr:\n{}", self.stderr));
+        assert_eq!(
+            last["event"], "finished",
+            "the last line is the finished event; stderr:\n{}",
+            self.stderr
+        );
+        last
+    }
+    fn of(&self, kind: &str) -> Vec<&serde_json::Value> {
+        self.events.iter().filter(|e| e["event"] == kind).collect()
+    }
+}
+
+fn train(manifest: &Path, out: &Path, extra: &[&str]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["train", "--output", "json", "--device", "cpu", "-f"])
+        .arg(manifest)
+        .arg("--output-dir")
+        .arg(out)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let events = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON: {e}")))
+        .collect();
+    Run {
+        success: output.status.success(),
+        events,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Processes still running whose launch contract points at `out` (children of a runner).
+fn processes_of(out: &Path) -> Vec<String> {
+    let needle = format!("TANDEM_OUTPUT={}", out.display());
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // Zombies of the finished test process are not running.
+            if !stat.contains(") Z ") {
+                found.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn mnist_hybrid_trains_to_the_target_through_the_launch_contract() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = train(&repo().join("examples/mnist-hybrid.yaml"), &out, &[]);
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let done = run.finished();
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    assert!(done["test_loss"].as_f64().unwrap().is_finite(), "{done}");
+    assert_eq!(done["steps"], 600);
+    assert_eq!(done["restarts"], 0);
+    assert!(done["samples_per_second"].as_f64().unwrap() > 0.0, "{done}");
+    assert_eq!(run.of("started")[0]["processes"], 6, "2 PS and 2 groups of 2 ranks");
+    assert!(!run.of("progress").is_empty(), "progress is merged from the workers");
+
+    // The same contract the operator writes: job.json with loopback endpoints, a private token.
+    let config = JobConfig::from_json(&std::fs::read_to_string(out.join("job.json")).unwrap()).unwrap();
+    assert_eq!(config.parameter_servers.len(), 2);
+    assert_eq!(config.groups.len(), 2);
+    assert!(
+        config.groups.iter().all(|g| g.peers.len() == 2 && g.peers.iter().all(|p| p.host == "127.0.0.1"))
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let token = std::fs::metadata(out.join("token")).unwrap();
+    assert_eq!(token.permissions().mode() & 0o077, 0, "only the owner reads the token");
+    assert!(token.len() >= 32);
+    for log in ["ps-0.0.log", "ps-1.0.log", "worker-0-0.0.log", "worker-1-1.0.log"] {
+        assert!(out.join("logs").join(log).exists(), "{log}");
+    }
+    assert!(processes_of(&out).is_empty(), "every child stopped with the job");
+}
+
+#[test]
+fn a_killed_worker_restarts_only_its_group_and_the_job_meets_the_target() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
+        set(doc, &["spec", "runPolicy", "backoffSeconds"], 1.into())
+    });
+    let run = train(&file, &out, &["--chaos", "kill:worker:1:1@200"]);
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let chaos = run.of("chaos");
+    assert_eq!(chaos.len(), 1);
+    assert_eq!(chaos[0]["target"], "worker 1/1");
+    let restarts = run.of("restart");
+    assert_eq!(restarts.len(), 1, "only group 1 restarts: {restarts:?}");
+    assert_eq!((restarts[0]["role"].as_str(), restarts[0]["index"].as_u64()), (Some("group"), Some(1)));
+    assert_eq!(restarts[0]["attempt"], 1);
+    let done = run.finished();
+    assert_eq!(done["restarts"], 1);
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    let logs = out.join("logs");
+    assert!(logs.join("worker-1-0.1.log").exists() && logs.join("worker-1-1.1.log").exists());
+    assert!(!logs.join("worker-0-0.1.log").exists(), "group 0 kept its first attempt");
+    assert!(!logs.join("ps-0.1.log").exists() && !logs.join("ps-1.1.log").exists(), "the PS kept running");
+}
+
+#[test]
+fn a_killed_ps_resumes_from_its_checkpoint_and_the_job_completes() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
+        set(doc, &["spec", "runPolicy", "backoffSeconds"], 1.into())
+    });
+    let run = train(&file, &out, &["--chaos", "kill:ps:0@200"]);
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let restarts = run.of("restart");
+    let ps: Vec<_> = restarts.iter().filter(|r| r["role"] == "ps").collect();
+    assert_eq!(ps.len(), 1, "{restarts:?}");
+    assert_eq!((ps[0]["index"].as_u64(), ps[0]["attempt"].as_u64()), (Some(0), Some(1)));
+    let done = run.finished();
+    assert_eq!(done["restarts"], 1, "the groups relaunched with the PS do not count");
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    let log = std::fs::read_to_string(out.join("logs/ps-0.1.log")).unwrap();
+    assert!(log.contains("resumed from checkpoint"), "PS 0 resumed from its checkpoint:\n{log}");
+    assert!(!out.join("logs/ps-1.1.log").exists(), "PS 1 kept running");
+}
+
+#[test]
+fn past_max_restarts_the_job_fails_naming_the_process_and_leaves_no_process() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
+        set(doc, &["spec", "runPolicy", "maxRestarts"], 0.into())
+    });
+    let run = train(&file, &out, &["--chaos", "kill:worker:0:1@100"]);
+    assert!(!run.success, "the job must fail");
+    assert!(run.of("finished").is_empty());
+    assert!(run.stderr.contains("worker 0/1 was killed by signal 9"), "{}", run.stderr);
+    assert!(run.stderr.contains("all 0 restarts of runPolicy.maxRestarts"), "{}", run.stderr);
+    assert!(processes_of(&out).is_empty(), "a failed job stops every child");
+}
+
+#[test]
+fn sigint_stops_every_child() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
+        set(doc, &["spec", "training", "steps"], 100_000.into())
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["train", "--output", "json", "--device", "cpu", "-f"])
+        .arg(&file)
+        .arg("--output-dir")
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the workers train (their first progress line), then press Ctrl-C.
+    use std::io::BufRead;
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut lines = stdout.lines();
+    let first = lines.find(|l| l.as_ref().is_ok_and(|l| l.contains("\"progress\"")));
+    assert!(first.is_some(), "the job never reported progress");
+    assert!(!processes_of(&out).is_empty());
+    // SAFETY: kill(2) with our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(processes_of(&out).is_empty(), "no child outlives the runner");
+}
