@@ -239,3 +239,39 @@ fn sigint_stops_every_child() {
     assert!(stderr.contains("interrupted"), "{stderr}");
     assert!(processes_of(&out).is_empty(), "no child outlives the runner");
 }
+
+#[test]
+fn a_killed_runner_takes_its_children_with_it() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
+        set(doc, &["spec", "training", "steps"], 100_000.into())
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["train", "--output", "json", "--device", "cpu", "-f"])
+        .arg(&file)
+        .arg("--output-dir")
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("\"progress\""))), "the job never reported progress");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The kernel delivers the children's parent-death signal as the runner dies; wait for them to go.
+    let mut left = processes_of(&out);
+    for _ in 0..600 {
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = processes_of(&out);
+    }
+    assert!(left.is_empty(), "children outlived a SIGKILLed runner: {left:?}");
+}

@@ -11,8 +11,8 @@
 //! group has finished pulls the PS weights as an observer and evaluates them on the test set.
 //!
 //! Guarantees: every child runs in its own process group and is killed with it when the runner
-//! returns — finished, failed, interrupted (SIGINT/SIGTERM) or by error — so no process outlives
-//! the runner. A failed worker restarts its group only; a failed PS restarts from its checkpoint.
+//! returns — finished, failed, interrupted (SIGINT/SIGTERM) or by error — and on Linux the kernel
+//! kills it should the runner itself be killed, so no process outlives the runner. A failed worker restarts its group only; a failed PS restarts from its checkpoint.
 //! Children's stderr goes to `<output>/logs/<role>.<attempt>.log`, named in failure messages.
 //!
 //! Caveats: `tandem worker` does not reconnect to a restarted PS, so a PS restart also relaunches
@@ -373,6 +373,17 @@ impl Launcher<'_> {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .process_group(0);
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires. It makes
+        // the kernel kill the child if the runner dies without cleaning up (e.g. SIGKILL).
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn().map_err(io(format!(
             "starting {role} ({}); is it installed and executable?",
             cmd.get_program().to_string_lossy()
