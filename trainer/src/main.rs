@@ -5,7 +5,11 @@ mod cli;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tandem", version, about = "Distributed training with parameter servers and MPI groups in tandem")]
+#[command(
+    name = "tandem",
+    version,
+    about = "Distributed training with parameter servers and MPI groups in tandem"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
