@@ -4,3 +4,51 @@ pub mod bench;
 pub mod ps;
 pub mod train;
 pub mod worker;
+
+use anyhow::{Context, bail};
+use tandem_api::contract::{JobConfig, LaunchEnv};
+
+/// Logs to stderr at `info` (or `RUST_LOG`), coloured only on a terminal.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A second initialisation (tests calling in-process) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A process's part in a job, read from the launch contract: its environment, the job config
+/// file and the job token.
+pub struct Contract {
+    /// The `TANDEM_*` environment.
+    pub env: LaunchEnv,
+    /// The job config that `TANDEM_CONFIG` names.
+    pub job: JobConfig,
+    /// The job token that `TANDEM_TOKEN_FILE` holds.
+    pub token: String,
+}
+
+/// Reads the launch contract of this process; errors name the variable or file at fault.
+pub fn load_contract() -> anyhow::Result<Contract> {
+    let env = LaunchEnv::from_lookup(|k| std::env::var(k).ok())?;
+    let text = std::fs::read_to_string(&env.config)
+        .with_context(|| format!("cannot read the job config {} (TANDEM_CONFIG)", env.config.display()))?;
+    let job = JobConfig::from_json(&text)?;
+    let token = std::fs::read_to_string(&env.token_file)
+        .with_context(|| {
+            format!("cannot read the job token {} (TANDEM_TOKEN_FILE)", env.token_file.display())
+        })?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        bail!(
+            "the job token file {} is empty; the operator or `tandem train` writes it",
+            env.token_file.display()
+        );
+    }
+    Ok(Contract { env, job, token })
+}

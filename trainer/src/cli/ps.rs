@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use tandem::ps::Mode;
 use tandem::ps::server::{Server, ServerConfig};
 use tandem::ps::state::ShardConfig;
-use tandem_api::contract::{JobConfig, LaunchEnv, Role};
+use tandem_api::contract::Role;
 
 /// Arguments of `tandem ps`.
 #[derive(clap::Args)]
@@ -27,34 +27,12 @@ pub struct Args {
 
 /// Runs `tandem ps`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .try_init();
+    super::init_logging();
 
-    let env = LaunchEnv::from_lookup(|k| std::env::var(k).ok())?;
+    let super::Contract { env, job, token } = super::load_contract()?;
     let Role::Ps { index } = env.role else {
         bail!("`tandem ps` runs a parameter server, but TANDEM_ROLE says this process is {}", env.role);
     };
-    let text = std::fs::read_to_string(&env.config)
-        .with_context(|| format!("cannot read the job config {} (TANDEM_CONFIG)", env.config.display()))?;
-    let job = JobConfig::from_json(&text)?;
-    let token = std::fs::read_to_string(&env.token_file)
-        .with_context(|| {
-            format!("cannot read the job token {} (TANDEM_TOKEN_FILE)", env.token_file.display())
-        })?
-        .trim()
-        .to_owned();
-    if token.is_empty() {
-        bail!(
-            "the job token file {} is empty; the operator or `tandem train` writes it",
-            env.token_file.display()
-        );
-    }
     let replicas = job.parameter_servers.len() as u32;
     let Some(endpoint) = job.parameter_servers.get(index as usize) else {
         bail!("this is PS {index}, but the job config lists {replicas} parameter servers");

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use tandem::model::{DeviceChoice, select_device};
 use tandem::worker::{self, Place};
-use tandem_api::contract::{JobConfig, LaunchEnv, Role};
+use tandem_api::contract::Role;
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -24,34 +24,12 @@ pub struct Args {
 
 /// Runs `tandem worker`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .try_init();
+    super::init_logging();
 
-    let env = LaunchEnv::from_lookup(|k| std::env::var(k).ok())?;
+    let super::Contract { env, job, token } = super::load_contract()?;
     let Role::Worker { group, rank } = env.role else {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
-    let text = std::fs::read_to_string(&env.config)
-        .with_context(|| format!("cannot read the job config {} (TANDEM_CONFIG)", env.config.display()))?;
-    let job = JobConfig::from_json(&text)?;
-    let token = std::fs::read_to_string(&env.token_file)
-        .with_context(|| {
-            format!("cannot read the job token {} (TANDEM_TOKEN_FILE)", env.token_file.display())
-        })?
-        .trim()
-        .to_owned();
-    if token.is_empty() {
-        bail!(
-            "the job token file {} is empty; the operator or `tandem train` writes it",
-            env.token_file.display()
-        );
-    }
     let device = select_device(args.device)?;
     let place = Place { group, rank, attempt: env.attempt, bind: env.bind.clone() };
     let summary = worker::run(&job, &place, &token, &args.data_dir, &device, |p| {
