@@ -1,0 +1,12 @@
+# The operator benchmark (issue 7): tandem-operator vs the Kubeflow MPI Operator on N_JOBS (default 1000)
+# equivalent jobs on kwok nodes, side by side, against one fresh control plane. Not part of `make test`.
+
+.PHONY: bench-operator mpi-operator-bin
+
+## mpi-operator-bin: build the Kubeflow MPI Operator from the Go module proxy into the cache (if missing).
+mpi-operator-bin:
+	@bench/operator/build-mpi-operator.sh
+
+## bench-operator: run the operator benchmark (N_JOBS, N_NODES, OPERATORS, MPI_OPERATOR_QPS; see bench/operator/run.sh); results in target/bench/operator/.
+bench-operator: cluster-bins
+	@bench/operator/run.sh
