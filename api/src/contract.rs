@@ -40,16 +40,57 @@ pub mod env {
     pub const OUTPUT: &str = "TANDEM_OUTPUT";
     /// Attempt number of this process's group or PS (0 for the first launch).
     pub const ATTEMPT: &str = "TANDEM_ATTEMPT";
+    /// Port of a parameter server's HTTP status endpoint (role `ps`, optional): unset means
+    /// [`super::STATUS_PORT`], `0` any free port, `off` no endpoint. Read with
+    /// [`super::status_port`].
+    pub const STATUS_PORT: &str = "TANDEM_STATUS_PORT";
 }
 
 /// Port a parameter server listens on in a pod.
 pub const PS_PORT: u16 = 7070;
 /// Port a worker's collective endpoint listens on in a pod.
 pub const WORKER_PORT: u16 = 7071;
+/// Port of a parameter server's HTTP status endpoint in a pod (see [`PsStatus`]).
+pub const STATUS_PORT: u16 = 7072;
+/// Path of the status endpoint: `GET` with `Authorization: Bearer <job token>` answers a
+/// [`PsStatus`] as JSON.
+pub const STATUS_PATH: &str = "/status";
 /// File name of the job config inside the job ConfigMap.
 pub const CONFIG_FILE: &str = "job.json";
 /// Key of the token inside the job Secret.
 pub const TOKEN_KEY: &str = "token";
+
+/// The port of the PS status endpoint that [`env::STATUS_PORT`] asks for, read through `lookup`:
+/// `Ok(None)` when it says `off`, [`STATUS_PORT`] when it is unset.
+pub fn status_port(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<u16>, ContractError> {
+    match lookup(env::STATUS_PORT) {
+        None => Ok(Some(STATUS_PORT)),
+        Some(v) if v.trim() == "off" => Ok(None),
+        Some(value) => value.trim().parse().map(Some).map_err(|_| ContractError::Invalid {
+            key: env::STATUS_PORT,
+            value,
+            expected: "a port number (0 for any free port) or `off`",
+        }),
+    }
+}
+
+/// What a parameter server's status endpoint answers (JSON, camelCase); servers may add fields,
+/// readers ignore the ones they do not know.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PsStatus {
+    /// Shard index of the answering replica.
+    pub shard: u32,
+    /// Number of PS replicas.
+    pub replicas: u32,
+    /// Updates the shard has applied.
+    pub version: u64,
+    /// Worker groups currently members (waited for and counted).
+    pub member_groups: u32,
+    /// The job's progress as the groups reported it; `None` before the first report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::job::Progress>,
+}
 
 /// What a process does in the job.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -259,4 +300,19 @@ pub enum ContractError {
     /// The job config file does not parse.
     #[error("job config is not valid: {0}")]
     Config(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_port_defaults_reads_and_refuses() {
+        let with = |v: Option<&str>| status_port(|_| v.map(str::to_owned));
+        assert_eq!(with(None), Ok(Some(STATUS_PORT)));
+        assert_eq!(with(Some("0")), Ok(Some(0)));
+        assert_eq!(with(Some(" 9000 ")), Ok(Some(9000)));
+        assert_eq!(with(Some("off")), Ok(None));
+        assert!(matches!(with(Some("70000")), Err(ContractError::Invalid { key: env::STATUS_PORT, .. })));
+    }
 }
