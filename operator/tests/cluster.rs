@@ -1,13 +1,14 @@
 //! The operator against a real kube-apiserver (`make cluster-up`): jobs are created as a user
 //! would, pod phases and exit codes are set through the API as a kubelet would, and the
-//! operator acts only as the ServiceAccount bound to `operator/rbac/clusterrole.yaml`
-//! (impersonation), so a missing RBAC rule fails these tests.
+//! operator acts only as a ServiceAccount bound by the Helm chart's RBAC (`helm template` of
+//! charts/tandem, impersonation), so a missing RBAC rule fails these tests: every request the API
+//! server denies the operator is logged by it, and [`Harness::stop`] fails on any such line.
 
 // Test helpers panic on purpose: a failed step is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
@@ -24,13 +25,70 @@ use tokio::sync::watch;
 /// Generous: two busy cores run the control plane, the operator and the test.
 const WAIT: Duration = Duration::from_secs(60);
 const SA: &str = "tandem-operator";
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem");
+
+/// Everything the operator logs in this test process (it runs in-process, at debug level), so that
+/// a request the API server denied (403) fails the test that caused it.
+static LOG: Mutex<String> = Mutex::new(String::new());
+
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap_or_else(PoisonError::into_inner).push_str(&String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture_logs() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("tandem_operator=debug,kube_runtime=warn"))
+            .with_ansi(false)
+            .with_writer(|| LogWriter)
+            .try_init();
+    });
+}
+
+/// The logged lines in which the API server denied `user` a request.
+fn denied(user: &str) -> Vec<String> {
+    let log = LOG.lock().unwrap_or_else(PoisonError::into_inner);
+    log.lines().filter(|l| l.contains(user) && l.contains("forbidden")).map(str::to_owned).collect()
+}
+
+/// `helm` of the pinned version (`$TANDEM_K8S_BIN`, as `make test-cluster` sets it), else from PATH.
+fn helm() -> std::path::PathBuf {
+    std::env::var_os("TANDEM_K8S_BIN")
+        .map_or_else(|| "helm".into(), |bin| std::path::Path::new(&bin).join("helm"))
+}
+
+/// The chart's ServiceAccount (named [`SA`]), ClusterRole, ClusterRoleBinding and leader-election
+/// Role and RoleBinding for a release `release` in `namespace`, as `helm install` would create them.
+fn chart_rbac(release: &str, namespace: &str) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(helm())
+        .args(["template", release, CHART, "--namespace", namespace])
+        .args(["--set", &format!("serviceAccount.name={SA}")])
+        .args(["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/clusterrole.yaml"])
+        .args(["--show-only", "templates/leader-election-role.yaml"])
+        .output()
+        .expect("helm runs (make cluster-bins; TANDEM_K8S_BIN or PATH)");
+    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
+    parse_manifests(&String::from_utf8(out.stdout).unwrap(), "helm template charts/tandem").unwrap()
+}
 
 struct Harness {
     cluster: TestCluster,
     ns: TestNamespace,
     stop: watch::Sender<bool>,
     operator: tokio::task::JoinHandle<()>,
-    binding: String,
+    /// The chart release whose RBAC the operator acts under: its ClusterRole and binding are named
+    /// `<release>-operator`.
+    release: String,
     metrics: Metrics,
 }
 
@@ -40,25 +98,12 @@ impl Harness {
             TestCluster::connect().await.expect("control plane up (make cluster-up, KUBECONFIG set)");
         cluster.install_crds(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds")).await.unwrap();
         let ns = cluster.namespace(prefix).await.unwrap();
-        let rbac =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/rbac/clusterrole.yaml")).unwrap();
-        for manifest in parse_manifests(&rbac, "operator/rbac/clusterrole.yaml").unwrap() {
+        capture_logs();
+        // One release per test, named after its namespace, so cluster-scoped names never collide.
+        let release = ns.name().to_owned();
+        for manifest in chart_rbac(&release, ns.name()) {
             cluster.apply(ns.name(), &manifest).await.unwrap();
         }
-        let binding = format!("tandem-operator-{}", ns.name());
-        let subject = json!([{"kind": "ServiceAccount", "name": SA, "namespace": ns.name()}]);
-        cluster
-            .apply(
-                ns.name(),
-                &json!({
-                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": {"name": binding},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tandem-operator"},
-                    "subjects": subject,
-                }),
-            )
-            .await
-            .unwrap();
         let client = cluster.impersonate(ns.name(), SA).unwrap();
         let metrics = Metrics::default();
         let settings =
@@ -70,7 +115,7 @@ impl Harness {
             let mut rx = rx;
             let _ = rx.wait_for(|s| *s).await;
         }));
-        Self { cluster, ns, stop, operator, binding, metrics }
+        Self { cluster, ns, stop, operator, release, metrics }
     }
 
     fn admin(&self) -> Client {
@@ -138,12 +183,20 @@ impl Harness {
             .collect()
     }
 
+    /// Stops the operator, removes the test's objects, and fails if the API server denied the
+    /// operator any request: the chart's RBAC must grant everything the operator does.
     async fn stop(self) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let admin = self.admin();
         let _ = self.stop.send(true);
-        let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(self.admin());
         let _ = tokio::time::timeout(WAIT, self.operator).await;
-        let _ = bindings.delete(&self.binding, &DeleteParams::default()).await;
+        let name = format!("{}-operator", self.release);
+        let _ = Api::<ClusterRoleBinding>::all(admin.clone()).delete(&name, &DeleteParams::default()).await;
+        let _ = Api::<ClusterRole>::all(admin).delete(&name, &DeleteParams::default()).await;
+        let user = format!("system:serviceaccount:{}:{SA}", self.ns.name());
         self.ns.cleanup().await.unwrap();
+        let denied = denied(&user);
+        assert!(denied.is_empty(), "the chart's RBAC denied the operator:\n{}", denied.join("\n"));
     }
 }
 
@@ -543,14 +596,8 @@ async fn the_operator_role_grants_no_more_than_it_needs() {
 #[tokio::test]
 async fn one_replica_leads_and_a_standby_takes_over_on_release() {
     use tandem_operator::leader::{Attempt, LeaderElector};
+    // The chart's leader-election Role in the release namespace grants the Lease.
     let h = Harness::start("op-lease").await;
-    let rbac = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "tandem-operator-leader-election", "namespace": h.ns.name()},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tandem-operator-leader-election"},
-        "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": h.ns.name()}],
-    });
-    h.cluster.apply(h.ns.name(), &rbac).await.unwrap();
     let client = h.cluster.impersonate(h.ns.name(), SA).unwrap();
     let lease = Duration::from_secs(30);
     let a = LeaderElector::new(client.clone(), h.ns.name(), "tandem-operator", "replica-a", lease);
@@ -561,5 +608,171 @@ async fn one_replica_leads_and_a_standby_takes_over_on_release() {
     a.release().await.unwrap();
     assert_eq!(b.try_acquire().await.unwrap(), Attempt::Leader, "a released Lease is taken at once");
     assert_eq!(a.try_acquire().await.unwrap(), Attempt::Standby("replica-b".to_owned()));
+    h.stop().await;
+}
+
+// ---- Progress from the trainer: a real `tandem ps` serves it, the operator writes it. ----
+
+/// The `tandem` binary: `$TANDEM_BIN`, else `tandem` next to this test's target folder
+/// (`cargo build -p tandem-trainer --bin tandem` with the same target dir; `make test-cluster` does).
+fn tandem_bin() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("TANDEM_BIN") {
+        return bin.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    // <target>/debug/deps/cluster-<hash> → <target>/debug/tandem
+    let bin = exe.parent().and_then(|deps| deps.parent()).unwrap().join("tandem");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p tandem-trainer --bin tandem` (same CARGO_TARGET_DIR) or set TANDEM_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process killed when dropped.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// This test's own loopback address, so its PS status port (7072) collides with nothing else.
+const PROGRESS_IP: &str = "127.0.0.57";
+
+const PROGRESS: &str = r#"
+apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: prog}
+spec:
+  model: {kind: mlp, hidden: [16]}
+  data: {source: synthetic, batchSize: 16, syntheticSamples: 512}
+  training:
+    algorithm: ps-async
+    steps: 20
+    evalEverySteps: 10
+    optimizer: {kind: sgd, learningRate: 0.05}
+  parameterServers: {replicas: 1}
+  workers: {groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}
+"#;
+
+#[tokio::test]
+async fn progress_is_read_from_the_ps_status_endpoint() {
+    use std::io::BufRead;
+    use tandem_api::contract::{self, Endpoint, GroupTopology, LaunchEnv, Role};
+
+    let h = Harness::start("op-progress").await;
+    h.create_job(PROGRESS).await;
+    wait_pods(&h, "prog", &["prog-g0-0", "prog-ps-0"]).await;
+
+    // The PS runs on this machine with what the operator gave its pod: the job's ConfigMap and
+    // token Secret.
+    let dir = std::env::temp_dir().join(format!("tandem-{}", h.ns.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cm: ConfigMap = h.ns.api().get("prog-config").await.unwrap();
+    let job_json = cm.data.unwrap()[contract::CONFIG_FILE].clone();
+    std::fs::write(dir.join("job.json"), &job_json).unwrap();
+    let secret: Secret = h.ns.api().get("prog-token").await.unwrap();
+    std::fs::write(dir.join("token"), &secret.data.unwrap()[contract::TOKEN_KEY].0).unwrap();
+    let launch = |role: Role, config: &str| LaunchEnv {
+        role,
+        config: dir.join(config),
+        token_file: dir.join("token"),
+        bind: PROGRESS_IP.to_owned(),
+        output: dir.join("out"),
+        attempt: 0,
+    };
+    let mut ps = Running(
+        std::process::Command::new(tandem_bin())
+            .args(["ps", "--port", "0"])
+            .envs(launch(Role::Ps { index: 0 }, "job.json").to_vars())
+            .env_remove(contract::env::STATUS_PORT)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("ps.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = std::io::BufReader::new(ps.0.stdout.take().unwrap()).lines();
+    let listening = lines.next().unwrap().unwrap();
+    let ps_addr = listening.strip_prefix("listening on ").expect(&listening).to_owned();
+    let status_line = lines.next().unwrap().unwrap();
+    assert_eq!(
+        status_line,
+        format!("status on {PROGRESS_IP}:{}", contract::STATUS_PORT),
+        "{}",
+        std::fs::read_to_string(dir.join("ps.log")).unwrap_or_default()
+    );
+    std::thread::spawn(move || lines.for_each(drop));
+
+    // The kubelet's part: PS 0 runs at the test's address, the worker pod runs too.
+    h.pods()
+        .patch_status(
+            "prog-ps-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "podIP": PROGRESS_IP,
+                "podIPs": [{"ip": PROGRESS_IP}],
+            }})),
+        )
+        .await
+        .unwrap();
+    h.set_pod("prog-g0-0", "Running", true, None).await;
+    wait_phase(&h, "prog", JobPhase::Running).await;
+
+    // A real worker trains through the PS and reports; its config points at the local addresses.
+    let mut config = JobConfig::from_json(&job_json).unwrap();
+    let (host, port) = ps_addr.rsplit_once(':').unwrap();
+    config.parameter_servers = vec![Endpoint::new(host, port.parse().unwrap())];
+    let peer = std::net::TcpListener::bind((PROGRESS_IP, 0)).unwrap().local_addr().unwrap().port();
+    config.groups = vec![GroupTopology { index: 0, peers: vec![Endpoint::new(PROGRESS_IP, peer)] }];
+    std::fs::write(dir.join("worker.json"), config.to_json()).unwrap();
+    let worker = std::process::Command::new(tandem_bin())
+        .args(["worker", "--device", "cpu"])
+        .envs(launch(Role::Worker { group: 0, rank: 0 }, "worker.json").to_vars())
+        .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        worker.status.success(),
+        "worker failed: {}\n{}",
+        String::from_utf8_lossy(&worker.stdout),
+        std::fs::read_to_string(dir.join("worker.log")).unwrap_or_default()
+    );
+
+    // The operator reads PS 0's endpoint with the token and writes status.progress.
+    let progress = wait_for("status.progress at step 20", || async {
+        let j = h.job("prog").await;
+        match j.status.as_ref().and_then(|s| s.progress.clone()) {
+            Some(p) if p.step == 20 => Ok(p),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let accuracy = progress.accuracy.expect("the worker reported an accuracy");
+    assert!(accuracy > 0.0 && accuracy <= 1.0, "{progress:?}");
+    assert!(progress.loss.is_some(), "{progress:?}");
+
+    // A PS that cannot be reached leaves the last progress in place.
+    let failures = || {
+        LOG.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .lines()
+            .filter(|l| l.contains("job=prog") && l.contains("cannot read progress"))
+            .count()
+    };
+    let before = failures();
+    drop(ps);
+    wait_for("a failed progress read after the PS stopped", || async {
+        if failures() > before { Ok(()) } else { Err(format!("{} failed reads", failures())) }
+    })
+    .await;
+    let kept = h.job("prog").await.status.and_then(|s| s.progress);
+    assert_eq!(kept, Some(progress));
+    let _ = std::fs::remove_dir_all(&dir);
     h.stop().await;
 }
