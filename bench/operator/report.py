@@ -92,12 +92,13 @@ def main():
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = {"tandem": "Tandem", "mpi": "MPI Operator"}
+    colors = {"tandem": "tab:blue", "mpi": "tab:red"}
     for kind, r in runs.items():
-        for key, style, what in (("pod_seen_times", "-", "exist"), ("pod_running_times", "--", "Running")):
+        for key, style, what in (("pod_seen_times", "-", "exist"), ("pod_running_times", ":", "Running")):
             ts = r[key]
-            ax1.plot(ts, range(1, len(ts) + 1), style, label=f"{names[kind]}: pods {what}")
+            ax1.plot(ts, range(1, len(ts) + 1), style, color=colors[kind], label=f"{names[kind]}: pods {what}")
         tl = r["timeline"]
-        ax2.plot([p["t"] for p in tl], [mib(p["rss"] or 0) for p in tl], label=names[kind])
+        ax2.plot([p["t"] for p in tl], [mib(p["rss"] or 0) for p in tl], color=colors[kind], label=names[kind])
     ax1.set_xlabel("seconds since the first create")
     ax1.set_ylabel("pods")
     ax1.set_title(f"{next(iter(runs.values()))['jobs']} jobs, 3 pods each")
