@@ -7,10 +7,13 @@
 //! - The train/test split depends only on the data set (a fixed seed), never on the training seed, so
 //!   every run and every rank evaluates on the same test set. MNIST-5k splits 4,000/1,000.
 //! - Batches are a pure function of (seed, epoch, rank, world, batch index): each epoch the training set
-//!   is permuted by a generator derived from (seed, epoch); rank r of w takes the r-th of w equal
-//!   contiguous parts of that permutation (the remainder is left out that epoch, differently each
-//!   epoch), and cuts it into full batches. A [`DataCursor`] is therefore all a checkpoint needs to
-//!   resume the exact sequence.
+//!   is permuted by a generator derived from (seed, epoch) and cut into *global* batches of
+//!   `world × batch` samples; rank r of w takes the r-th `batch` samples of each global batch. So at
+//!   every step the union of the w ranks' batches is exactly the batch of one process training with
+//!   the w× batch (synchronous data-parallel SGD is batch-equivalent), and one rank (w = 1) sees
+//!   plain consecutive batches of the permutation. The samples that do not fill a global batch are
+//!   left out that epoch (differently each epoch). A [`DataCursor`] is therefore all a checkpoint
+//!   needs to resume the exact sequence.
 //! - Pixel values are scaled to [0, 1].
 
 use std::fs::File;
@@ -503,12 +506,23 @@ impl Loader {
         Ok(())
     }
 
-    /// This rank's sample indices for `epoch`, in order.
+    /// This rank's `len / world` sample indices for `epoch`, disjoint from every other rank's: first
+    /// its part of each global batch, in batch order (what [`Loader::next_batch`] serves), then its
+    /// share of the samples that do not fill a global batch (unused that epoch).
     pub fn epoch_indices(&self, epoch: u64) -> Vec<u32> {
         let mut order: Vec<u32> = (0..self.data.len() as u32).collect();
         Rng::derive(self.seed, 0xe90c ^ epoch.wrapping_mul(0x9E37_79B9)).shuffle(&mut order);
-        let per_rank = self.data.len() / self.world;
-        order[self.rank * per_rank..(self.rank + 1) * per_rank].to_vec()
+        let (b, w, r) = (self.batch_size, self.world, self.rank);
+        let batches = self.batches_per_epoch() as usize;
+        let per_rank = self.data.len() / w;
+        let mut mine = Vec::with_capacity(per_rank);
+        for j in 0..batches {
+            let start = (j * w + r) * b;
+            mine.extend_from_slice(&order[start..start + b]);
+        }
+        let (rest, tail) = (batches * w * b, per_rank - batches * b);
+        mine.extend_from_slice(&order[rest + r * tail..rest + (r + 1) * tail]);
+        mine
     }
 
     /// Fills `x` and `y` with the next batch and advances the cursor; returns the batch's cursor.

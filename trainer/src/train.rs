@@ -346,6 +346,16 @@ impl Trainer {
         Ok(StepReport { step: self.step, epoch: at.epoch, lr, batch })
     }
 
+    /// Continues a fresh trainer at step `step` with the parameters it holds (e.g. a restarted
+    /// worker group that pulled the PS weights): the learning-rate schedule and the data stream
+    /// continue where an uninterrupted run would be at `step`. The optimizer state is the caller's.
+    pub fn skip_to(&mut self, step: u64) -> Result<(), TrainError> {
+        let per_epoch = self.loader.batches_per_epoch().max(1);
+        self.loader.seek(DataCursor { epoch: step / per_epoch, batch: step % per_epoch })?;
+        self.step = step;
+        Ok(())
+    }
+
     /// Loss and accuracy on the test set.
     pub fn evaluate(&self) -> Result<Evaluation, TrainError> {
         let d = self.test.shape.features();

@@ -160,10 +160,49 @@ fn a_killed_worker_restarts_only_its_group_and_the_job_meets_the_target() {
     let done = run.finished();
     assert_eq!(done["restarts"], 1);
     assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    assert_eq!(done["steps"], 600, "{done}");
+    // The restarted group resumed its step count from the PS instead of starting again at 0,
+    // and ended at the job's step count.
+    let after = run.events.iter().position(|e| e["event"] == "restart").unwrap();
+    let group1: Vec<u64> = run.events[after..]
+        .iter()
+        .filter(|e| e["event"] == "progress" && e["group"] == 1)
+        .map(|e| e["group_step"].as_u64().unwrap())
+        .collect();
+    assert!(group1.first().is_some_and(|&s| s > 150), "group 1 resumed near step 200: {group1:?}");
+    assert_eq!(group1.last(), Some(&600), "group 1 ended at the job's step count: {group1:?}");
     let logs = out.join("logs");
     assert!(logs.join("worker-1-0.1.log").exists() && logs.join("worker-1-1.1.log").exists());
     assert!(!logs.join("worker-0-0.1.log").exists(), "group 0 kept its first attempt");
     assert!(!logs.join("ps-0.1.log").exists() && !logs.join("ps-1.1.log").exists(), "the PS kept running");
+}
+
+#[test]
+fn an_mpi_backend_job_runs_each_group_under_mpirun_and_completes() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
+        set(doc, &["spec", "workers", "backend"], "mpi".into());
+        set(doc, &["spec", "training", "steps"], 120.into());
+        set(doc, &["spec", "training", "evalEverySteps"], 60.into());
+    });
+    let run = train(&file, &out, &[]);
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let done = run.finished();
+    assert_eq!(done["steps"], 120, "{done}");
+    assert_eq!(done["restarts"], 0, "{done}");
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.5, "it learned: {done}");
+    assert_eq!(run.of("started")[0]["processes"], 4, "2 PS and one mpirun per group");
+    for group in [0, 1] {
+        let last = run.of("progress").into_iter().rfind(|e| e["group"] == group).cloned();
+        assert_eq!(
+            last.map(|e| e["group_step"].clone()),
+            Some(120.into()),
+            "group {group} trained to the end"
+        );
+    }
+    assert!(processes_of(&out).is_empty(), "every child stopped with the job");
 }
 
 #[test]

@@ -1,14 +1,18 @@
-//! `tandem worker`: one worker rank of a parameter-server job, configured by the launch contract.
+//! `tandem worker`: one worker rank of a multi-process job, configured by the launch contract.
 //!
-//! Reads role, config and token from the environment ([`tandem_api::LaunchEnv`]), trains through
-//! the library's worker, prints one JSON progress line per report of rank 0 and a final
-//! `{"event":"finished",…}` line on stdout.
+//! Reads role, config and token from the environment ([`tandem_api::LaunchEnv`]), forms the
+//! group's communicator — `tcp` from the job config's peer list, or with `backend: mpi` MPI's
+//! world communicator of the `mpirun` that started the group's ranks, whose MPI rank replaces
+//! `TANDEM_RANK` — trains through the library's worker, prints one JSON progress line per report
+//! of rank 0 and a final `{"event":"finished",…}` line on stdout.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
+use tandem::comm::Communicator;
 use tandem::model::{DeviceChoice, select_device};
 use tandem::worker::{self, Place};
+use tandem_api::Backend;
 use tandem_api::contract::Role;
 
 /// Arguments of `tandem worker`.
@@ -31,14 +35,56 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
     let device = select_device(args.device)?;
-    let place = Place { group, rank, attempt: env.attempt, bind: env.bind.clone() };
-    let summary = worker::run(&job, &place, &token, &args.data_dir, &device, |p| {
+    let mut place =
+        Place { group, rank, attempt: env.attempt, bind: env.bind.clone(), output: env.output.clone() };
+    match job.spec.workers.backend {
+        Backend::Tcp => {
+            let comm = worker::connect_tcp(&job, &place, &token)
+                .with_context(|| format!("worker {group}/{rank}"))?;
+            train(&job, &place, &token, &args, &device, comm)
+        }
+        Backend::Mpi => {
+            #[cfg(feature = "mpi")]
+            {
+                let runtime = tandem::comm::mpi::MpiRuntime::init()?;
+                let comm = runtime.world();
+                place.rank = comm.rank() as u32;
+                train(&job, &place, &token, &args, &device, comm)
+            }
+            #[cfg(not(feature = "mpi"))]
+            {
+                let _ = &mut place;
+                bail!(
+                    "this job uses backend: mpi, but this tandem was built without the `mpi` feature; rebuild with it"
+                )
+            }
+        }
+    }
+}
+
+fn train<C: Communicator>(
+    job: &tandem_api::contract::JobConfig,
+    place: &Place,
+    token: &str,
+    args: &Args,
+    device: &candle_core::Device,
+    comm: C,
+) -> anyhow::Result<()> {
+    let (group, rank) = (place.group, place.rank);
+    let summary = worker::run(job, place, token, &args.data_dir, device, comm, |p| {
         println!("{}", serde_json::json!({"event": "progress", "group": group, "progress": p}));
     })
     .with_context(|| format!("worker {group}/{rank}"))?;
     println!(
         "{}",
-        serde_json::json!({"event": "finished", "group": group, "rank": rank, "steps": summary.steps, "accuracy": summary.accuracy})
+        serde_json::json!({
+            "event": "finished",
+            "group": group,
+            "rank": rank,
+            "steps": summary.steps,
+            "start_step": summary.start_step,
+            "accuracy": summary.accuracy,
+        })
     );
     Ok(())
 }

@@ -215,6 +215,29 @@ impl PsClient {
         self.conns.iter().all(Option::is_some)
     }
 
+    /// Who this client is (its group, rank and attempt for a worker).
+    pub fn peer(&self) -> Peer {
+        self.config.peer
+    }
+
+    /// The furthest step `group` reported to any shard (kept across the group's restarts while
+    /// the shard runs; `None` when it reported nothing, e.g. after the shard restarted).
+    pub fn reported_step(&mut self, group: u32) -> Result<Option<u64>, ClientError> {
+        let mut best: Option<u64> = None;
+        for index in 0..self.conns.len() {
+            let status = self.status(index)?;
+            let step = status["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|g| g["group"].as_u64() == Some(u64::from(group)))
+                .filter_map(|g| g["progress"]["step"].as_u64())
+                .max();
+            best = best.max(step);
+        }
+        Ok(best)
+    }
+
     /// The servers' consistency mode.
     pub fn mode(&self) -> Mode {
         self.mode

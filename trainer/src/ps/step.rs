@@ -3,7 +3,15 @@
 //!
 //! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
 //! join, pull the current weights, allgather them, so a group that joins late starts from the
-//! PS's weights), then [`crate::train::Trainer::step`] with this step every iteration.
+//! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
+//! [`crate::train::Trainer::step`] with this step every iteration.
+//!
+//! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
+//! from its clock on joining (the shards' update count, which every member group has reached,
+//! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
+//! count one group's steps, from the furthest step the group reported before it failed (lost when
+//! the PS itself restarted, in which case the group runs the full count again). Rank 0's value is
+//! broadcast, so every rank of the group agrees.
 //!
 //! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
 //! ([`crate::comm::block_range`]):
@@ -24,6 +32,7 @@ use tandem_api::OptimizerSpec;
 
 use super::Mode;
 use super::client::{ClientError, PsClient};
+use super::wire::Peer;
 use crate::comm::{CommError, Communicator, ReduceOp, block_range};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::train::{GradientStep, TrainError};
@@ -49,6 +58,7 @@ pub struct PsStep<C: Communicator> {
     comm: C,
     client: PsClient,
     block: Range<usize>,
+    start_step: u64,
     exchange: Exchange,
     local: Option<Optimizer>,
     scratch: Vec<f32>,
@@ -90,7 +100,20 @@ impl<C: Communicator> PsStep<C> {
         if !block.is_empty() {
             client.init(block.start as u64, &params[block.clone()]).map_err(ps_err)?;
         }
-        client.join().map_err(ps_err)?;
+        let clocks = client.join().map_err(ps_err)?;
+        let start_step = match client.peer() {
+            Peer::Worker { group, attempt, .. } if attempt > 0 => match client.mode() {
+                Mode::Sync => clocks.iter().copied().max().unwrap_or(0),
+                Mode::Async { .. } | Mode::Elastic => {
+                    client.reported_step(group).map_err(ps_err)?.unwrap_or(0)
+                }
+            },
+            _ => 0,
+        };
+        // Steps travel as two exact f32 halves of 24 bits; rank 0's count is the group's.
+        let mut at = [(start_step >> 24) as f32, (start_step & 0xff_ffff) as f32];
+        comm.broadcast(&mut at, 0).map_err(comm_err)?;
+        let start_step = ((at[0] as u64) << 24) | at[1] as u64;
         if !block.is_empty() {
             client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
         }
@@ -99,7 +122,18 @@ impl<C: Communicator> PsStep<C> {
             Exchange::Elastic { optimizer, .. } => Some(Optimizer::new(optimizer, params.len())),
             Exchange::Gradient => None,
         };
-        Ok(Self { comm, client, block, exchange, local, scratch: Vec::new() })
+        Ok(Self { comm, client, block, start_step, exchange, local, scratch: Vec::new() })
+    }
+
+    /// The step this group continues from: 0 on its first attempt, the PS's record of its
+    /// progress after a restart (see the module documentation).
+    pub fn start_step(&self) -> u64 {
+        self.start_step
+    }
+
+    /// The group's communicator (for collectives outside the step, e.g. averaging the loss).
+    pub fn comm(&mut self) -> &mut C {
+        &mut self.comm
     }
 
     /// The PS client (for progress reports and status).

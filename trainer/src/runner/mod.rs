@@ -17,8 +17,10 @@
 //!
 //! Caveats: `tandem worker` does not reconnect to a restarted PS, so a PS restart also relaunches
 //! every unfinished group (a new attempt each, not counted towards `maxRestarts`). A restarted
-//! group runs its full step count again from the PS weights. Free ports are found by binding
-//! port 0 and releasing it, so another program could take one in between.
+//! group resumes from the PS weights and continues its step count from the PS
+//! ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) starts again. Free
+//! ports are found by binding port 0 and releasing it, so another program could take one in
+//! between.
 
 pub mod chaos;
 pub mod display;

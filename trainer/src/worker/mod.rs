@@ -1,25 +1,48 @@
-//! One worker rank of a parameter-server job (`ps-sync`, `ps-async`, `hybrid`, `easgd`): forms its
-//! group's communicator, joins the parameter servers and trains with [`crate::ps::step::PsStep`].
+//! One worker rank of a multi-process job: trains its group's share of every step through the
+//! group's [`Communicator`] (`tcp` or `mpi`), with the parameter servers (`ps-sync`, `ps-async`,
+//! `hybrid`, `easgd`, through [`crate::ps::step::PsStep`]) or without (`allreduce`, through
+//! [`allreduce::AllreduceStep`]).
 //!
-//! Expected flow: [`run`] with the job config, this rank's place and the job token; it returns
-//! after the job's step count. A restarted group starts from the PS weights but runs the full
-//! count again (resuming the step count is the local runner's and operator's follow-up).
+//! Expected flow: form the group's communicator ([`connect_tcp`], or MPI's world communicator
+//! for ranks that `mpirun` started), then [`run`] with the job config and this rank's place; it
+//! returns after the job's step count.
 //!
-//! Guarantees: rank 0 of each group reports its progress (step, loss, test accuracy) to every PS
-//! shard, where `tandem ps`'s status frame shows it; errors name the failed part (collective peer,
-//! PS index and address, data, model).
+//! Guarantees:
+//! - Data: global rank `group × groupSize + rank` of `groups × groupSize` ranks
+//!   ([`crate::data`]), so one group of p ranks sees at every step exactly the batch of one
+//!   process with the p× batch.
+//! - A restarted group of a PS job continues its step count from the PS
+//!   ([`crate::ps::step::PsStep::start_step`]) with the learning-rate schedule and data stream of
+//!   that step, so the job ends at its step count, not later.
+//! - Progress: every [`PROGRESS_EVERY`] steps and every `evalEverySteps` the group averages its
+//!   training loss since the previous report (a collective, so every rank takes part); rank 0
+//!   passes it to `on_progress` (with the test accuracy at evaluation steps and the last step)
+//!   and, in PS jobs, reports it to every PS shard, where `tandem ps`'s status shows it.
+//! - `allreduce`: rank 0 writes the final model (weights and the gathered optimizer state) as a
+//!   worker checkpoint into `<output>/checkpoints/`, the layout `tandem train` uses.
+//! - Errors name the failed part (collective peer, PS index and address, data, model).
+//!
+//! Caveats: an `allreduce` group that restarts runs from the initial weights again (it has no PS
+//! to resume from).
 
-use std::path::Path;
+pub mod allreduce;
+
+use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use tandem_api::Algorithm;
 use tandem_api::contract::JobConfig;
 
-use crate::comm::tcp::{self, TcpConfig};
+use crate::comm::tcp::{self, TcpComm, TcpConfig};
+use crate::comm::{Communicator, ReduceOp};
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::ps::step::{Exchange, PsStep};
 use crate::ps::wire::Progress;
-use crate::train::{TrainError, Trainer};
+use crate::train::{GradientStep, TrainError, Trainer};
+use allreduce::AllreduceStep;
+
+/// Steps between the light progress reports (step, loss, samples; no evaluation).
+pub const PROGRESS_EVERY: u64 = 10;
 
 /// A worker that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -54,100 +77,180 @@ pub struct Place {
     pub attempt: u32,
     /// Address to bind the collective endpoint to.
     pub bind: String,
+    /// The job's output folder (the final `allreduce` model goes to its `checkpoints/`).
+    pub output: PathBuf,
 }
 
 /// What a finished worker reports.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
-    /// Steps this rank ran.
+    /// The step this rank's group ended at (the job's step count).
     pub steps: u64,
+    /// The step it started from (above 0 for a restarted group that resumed).
+    pub start_step: u64,
     /// Final test accuracy of this rank's model.
     pub accuracy: f64,
 }
 
-/// Trains this rank to the end of the job. `on_progress` sees every report rank 0 sends.
-pub fn run(
+/// Forms group `place.group`'s `tcp` communicator from the job config's peer list.
+pub fn connect_tcp(job: &JobConfig, place: &Place, token: &str) -> Result<TcpComm, WorkerError> {
+    tcp::connect_from_contract(
+        job,
+        place.group,
+        place.rank as usize,
+        &place.bind,
+        token.as_bytes(),
+        TcpConfig::default(),
+    )
+    .map_err(|source| WorkerError::Comm { group: place.group, source })
+}
+
+/// The step rule of this rank's algorithm.
+enum Update<C: Communicator> {
+    Ps(Box<PsStep<C>>),
+    Allreduce(AllreduceStep<C>),
+}
+
+impl<C: Communicator> Update<C> {
+    fn comm(&mut self) -> &mut C {
+        match self {
+            Update::Ps(s) => s.comm(),
+            Update::Allreduce(s) => s.comm(),
+        }
+    }
+
+    fn step(&mut self) -> &mut dyn GradientStep {
+        match self {
+            Update::Ps(s) => s.as_mut(),
+            Update::Allreduce(s) => s,
+        }
+    }
+}
+
+/// Trains this rank to the end of the job over the group communicator `comm` (whose rank and
+/// size must be `place.rank` and the group's size). `on_progress` sees every report of rank 0.
+pub fn run<C: Communicator>(
     job: &JobConfig,
     place: &Place,
     token: &str,
     data_dir: &Path,
     device: &Device,
+    comm: C,
     mut on_progress: impl FnMut(&Progress),
 ) -> Result<Summary, WorkerError> {
     let spec = &job.spec;
     let training = &spec.training;
-    let exchange = match training.algorithm {
-        Algorithm::PsSync | Algorithm::PsAsync | Algorithm::Hybrid => Exchange::Gradient,
-        Algorithm::Easgd => Exchange::Elastic {
-            alpha: training.easgd.alpha as f32,
-            tau: u64::from(training.easgd.tau),
-            optimizer: training.optimizer.clone(),
-        },
-        Algorithm::Allreduce => {
-            return Err(WorkerError::Config(
-                "algorithm allreduce has no parameter server; this worker only runs ps-sync, ps-async, \
-                 hybrid and easgd"
-                    .into(),
-            ));
-        }
-    };
-    let topology = job.group(place.group).ok_or_else(|| {
-        WorkerError::Config(format!("the job config has no group {}; it is stale", place.group))
-    })?;
-    let size = topology.peers.len();
-    if place.rank as usize >= size {
+    let size = spec.workers.group_size.max(1) as usize;
+    if comm.size() != size || comm.rank() != place.rank as usize {
         return Err(WorkerError::Config(format!(
-            "rank {} is not in group {} of {size} ranks",
-            place.rank, place.group
+            "this process is rank {} of a {}-rank {} communicator, but the job wants rank {} of group {} \
+             with groupSize {size}; start each group's ranks together (mpirun -np {size})",
+            comm.rank(),
+            comm.size(),
+            comm.backend(),
+            place.rank,
+            place.group
         )));
+    }
+    if job.group(place.group).is_none() {
+        return Err(WorkerError::Config(format!("the job config has no group {}; it is stale", place.group)));
     }
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
     let data = crate::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
-    let servers: Vec<String> = job.parameter_servers.iter().map(|e| e.to_string()).collect();
-    let total = trainer.params().len() as u64;
-    let client = PsClient::connect(ClientConfig::worker(
-        servers,
-        token,
-        place.group,
-        place.rank,
-        place.attempt,
-        total,
-    ))?;
-    let comm = tcp::connect(
-        place.rank as usize,
-        &topology.peers,
-        &place.bind,
-        token.as_bytes(),
-        TcpConfig::default(),
-    )
-    .map_err(|source| WorkerError::Comm { group: place.group, source })?;
     let mut params = trainer.params().to_vec();
-    let mut step = PsStep::start(comm, client, exchange, &mut params)?;
+    let mut update = match training.algorithm {
+        Algorithm::Allreduce => {
+            Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?)
+        }
+        algorithm => {
+            let exchange = match algorithm {
+                Algorithm::Easgd => Exchange::Elastic {
+                    alpha: training.easgd.alpha as f32,
+                    tau: u64::from(training.easgd.tau),
+                    optimizer: training.optimizer.clone(),
+                },
+                _ => Exchange::Gradient,
+            };
+            let servers: Vec<String> = job.parameter_servers.iter().map(|e| e.to_string()).collect();
+            let client = PsClient::connect(ClientConfig::worker(
+                servers,
+                token,
+                place.group,
+                place.rank,
+                place.attempt,
+                params.len() as u64,
+            ))?;
+            Update::Ps(Box::new(PsStep::start(comm, client, exchange, &mut params)?))
+        }
+    };
     trainer.set_params(&params)?;
     let steps = trainer.total_steps();
+    let start = match &update {
+        Update::Ps(s) => s.start_step().min(steps),
+        Update::Allreduce(_) => 0,
+    };
+    if start > 0 {
+        trainer.skip_to(start)?;
+        tracing::info!(
+            group = place.group,
+            rank = place.rank,
+            step = start,
+            "resuming the group's step count"
+        );
+    }
     let eval_every = training.eval_every_steps;
+    let per_step = spec.data.batch_size as u64 * size as u64;
+    let (mut loss_sum, mut seen) = (0.0f32, 0.0f32);
     let mut accuracy = None;
-    for k in 1..=steps {
-        let report = trainer.step(&mut step)?;
-        let last = k == steps;
-        if place.rank == 0 && (last || (eval_every > 0 && k % eval_every == 0)) {
-            accuracy = Some(trainer.evaluate()?.accuracy);
-            let progress = Progress {
-                step: k,
-                loss: Some(report.batch.loss),
-                accuracy: accuracy.map(|a| a as f32),
-                samples: k * spec.data.batch_size as u64 * size as u64,
-            };
-            step.client().report(progress)?;
-            on_progress(&progress);
+    for k in start + 1..=steps {
+        let report = trainer.step(update.step())?;
+        loss_sum += report.batch.loss * report.batch.samples as f32;
+        seen += report.batch.samples as f32;
+        let evaluate = k == steps || (eval_every > 0 && k % eval_every == 0);
+        if !evaluate && !k.is_multiple_of(PROGRESS_EVERY) {
+            continue;
+        }
+        // The group's mean training loss since the last report.
+        let mut sums = [loss_sum, seen];
+        update
+            .comm()
+            .allreduce(&mut sums, ReduceOp::Sum)
+            .map_err(|e| TrainError::Step(format!("group collective: {e}")))?;
+        (loss_sum, seen) = (0.0, 0.0);
+        if place.rank != 0 {
+            continue;
+        }
+        let test = if evaluate { Some(trainer.evaluate()?.accuracy) } else { None };
+        accuracy = test.or(accuracy);
+        let progress = Progress {
+            step: k,
+            loss: Some(sums[0] / sums[1].max(1.0)),
+            accuracy: test.map(|a| a as f32),
+            samples: (k - start) * per_step,
+        };
+        if let Update::Ps(s) = &mut update {
+            s.client().report(progress)?;
+        }
+        on_progress(&progress);
+    }
+    if let Update::Allreduce(s) = &mut update {
+        s.gather_state(params.len())?;
+        if place.rank == 0 {
+            let dir = place.output.join("checkpoints");
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                WorkerError::Config(format!("cannot create {} for the final model: {e}", dir.display()))
+            })?;
+            trainer.save(s, &crate::checkpoint::step_path(&dir, trainer.step_count()))?;
         }
     }
     let accuracy = match accuracy {
         Some(a) => a,
         None => trainer.evaluate()?.accuracy,
     };
-    step.leave()?;
-    Ok(Summary { steps, accuracy })
+    if let Update::Ps(s) = update {
+        s.leave()?;
+    }
+    Ok(Summary { steps, start_step: start, accuracy })
 }
