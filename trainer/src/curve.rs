@@ -2,8 +2,12 @@
 //! self-contained SVG (two panels: loss, accuracy; training and test series), plus the same numbers
 //! as CSV for other tools.
 //!
+//! Single-process training records [`Event`]s ([`Curve::record`]); the local runner's merged
+//! progress of a multi-process job records its points directly ([`Curve::record_merged`]), where
+//! a value nobody measured (the training accuracy, the test loss before the end) is NaN.
+//!
 //! Guarantees: the SVG needs no fonts or scripts beyond a browser's defaults; an empty series is
-//! left out rather than drawn.
+//! left out rather than drawn, and so are NaN values (an empty field in the CSV).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -33,12 +37,37 @@ impl Curve {
         }
     }
 
-    /// The curve as CSV: `series,step,loss,accuracy`.
+    /// Records a point of a multi-process job's merged progress at `step`: the groups' mean
+    /// training `loss` and the latest test `accuracy` (with `test_loss` at the end). A second point
+    /// at the same step replaces the first, so each series keeps one point per step.
+    pub fn record_merged(
+        &mut self,
+        step: u64,
+        loss: Option<f64>,
+        accuracy: Option<f64>,
+        test_loss: Option<f64>,
+    ) {
+        fn put(series: &mut Vec<(u64, f64, f64)>, point: (u64, f64, f64)) {
+            match series.last_mut() {
+                Some(last) if last.0 == point.0 => *last = point,
+                _ => series.push(point),
+            }
+        }
+        if let Some(loss) = loss {
+            put(&mut self.train, (step, loss, f64::NAN));
+        }
+        if let Some(accuracy) = accuracy {
+            put(&mut self.test, (step, test_loss.unwrap_or(f64::NAN), accuracy));
+        }
+    }
+
+    /// The curve as CSV: `series,step,loss,accuracy`; NaN values are empty fields.
     pub fn to_csv(&self) -> String {
+        let field = |v: f64| if v.is_finite() { v.to_string() } else { String::new() };
         let mut s = String::from("series,step,loss,accuracy\n");
         for (name, pts) in [("train", &self.train), ("test", &self.test)] {
             for (step, loss, acc) in pts {
-                let _ = writeln!(s, "{name},{step},{loss},{acc}");
+                let _ = writeln!(s, "{name},{step},{},{}", field(*loss), field(*acc));
             }
         }
         s
@@ -89,16 +118,15 @@ impl Curve {
                 );
             }
             for (name, pts, color) in [("train", &self.train, "#1f77b4"), ("test", &self.test, "#d62728")] {
-                if pts.is_empty() {
-                    continue;
-                }
                 let path: Vec<String> = pts
                     .iter()
-                    .map(|p| {
-                        let v = if field == 1 { p.1 } else { p.2 };
-                        format!("{:.1},{:.1}", px(p.0), py(v))
-                    })
+                    .map(|p| (p.0, if field == 1 { p.1 } else { p.2 }))
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(step, v)| format!("{:.1},{:.1}", px(step), py(v)))
                     .collect();
+                if path.is_empty() {
+                    continue;
+                }
                 let _ = writeln!(
                     s,
                     r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"##,
@@ -131,4 +159,30 @@ impl Curve {
 
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_points_keep_one_per_step_and_leave_unmeasured_values_out() {
+        let mut curve = Curve::default();
+        curve.record_merged(100, Some(0.9), Some(0.80), None);
+        curve.record_merged(100, Some(0.7), Some(0.85), None);
+        curve.record_merged(200, Some(0.5), None, None);
+        curve.record_merged(200, None, Some(0.91), Some(0.3));
+        assert_eq!(curve.train.len(), 2);
+        assert_eq!((curve.train[0].0, curve.train[0].1), (100, 0.7));
+        assert_eq!(curve.test.iter().map(|p| (p.0, p.2)).collect::<Vec<_>>(), [(100, 0.85), (200, 0.91)]);
+        assert_eq!(curve.test[1].1, 0.3);
+
+        let csv = curve.to_csv();
+        assert!(csv.contains("train,100,0.7,\n"), "{csv}");
+        assert!(csv.contains("test,100,,0.85\n"), "{csv}");
+        assert!(csv.contains("test,200,0.3,0.91\n"), "{csv}");
+        let svg = curve.to_svg("merged");
+        assert!(!svg.contains("NaN"), "{svg}");
+        assert_eq!(svg.matches("<polyline").count(), 3, "train loss, test loss and test accuracy");
+    }
 }

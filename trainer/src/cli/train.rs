@@ -1,8 +1,10 @@
 //! `tandem train -f job.yaml`: trains a TrainingJob manifest on this machine, in this process.
 //!
-//! Single-process jobs (one group of one rank, no parameter server) train here; jobs that need more
-//! processes get an error saying so. Progress goes to a bar on a terminal, or one JSON object per line
-//! with `--output json`; the training curve is written into the job's output folder.
+//! Single-process jobs (one group of one rank, no parameter server) train here; jobs of more
+//! processes run through the local runner ([`tandem::runner`]). Progress goes to a bar on a
+//! terminal, or one JSON object per line with `--output json`; either way the training curve
+//! (`curve.svg`, `curve.csv`; for a multi-process job the merged progress and the final
+//! evaluation) is written into the job's output folder and its path printed at the end.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -189,6 +191,40 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         resume: args.resume,
     };
     let mut display = tandem::runner::display::Display::new(name, args.output == Output::Json);
-    tandem::runner::run(&opts, &mut |event| display.show(event))
-        .with_context(|| format!("{}: {name}", args.file.display()))
+    // The merged progress is the job's training curve, written when it finishes.
+    let mut curve = Curve::default();
+    let title = format!(
+        "{name}: {} on {:?}, {:?}, {} group(s) of {}, {} PS",
+        model_label(spec),
+        spec.data.source,
+        spec.training.algorithm,
+        spec.workers.groups,
+        spec.workers.group_size,
+        spec.parameter_servers.replicas
+    );
+    let mut failure: Option<anyhow::Error> = None;
+    tandem::runner::run(&opts, &mut |event| {
+        match event {
+            tandem::runner::Event::Progress { step, loss, accuracy, .. } => {
+                curve.record_merged(*step, *loss, *accuracy, None)
+            }
+            tandem::runner::Event::Finished { test_accuracy, test_loss, steps, .. } => {
+                curve.record_merged(*steps, None, Some(*test_accuracy), *test_loss);
+                match curve.write(&opts.output, &title) {
+                    Ok(path) => display.curve(&path),
+                    Err(e) => {
+                        failure =
+                            Some(anyhow::anyhow!("writing the curve into {}: {e}", opts.output.display()))
+                    }
+                }
+            }
+            _ => {}
+        }
+        display.show(event)
+    })
+    .with_context(|| format!("{}: {name}", args.file.display()))?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }

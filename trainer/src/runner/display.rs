@@ -2,7 +2,9 @@
 //! not a terminal) and a summary, or with `--output json` each event as one JSON line on stdout.
 //!
 //! Guarantees: in JSON mode stdout carries only one JSON object per line, the last one
-//! `{"event":"finished",…}` when the job succeeds.
+//! `{"event":"finished",…}` when the job succeeds; the training curve's path comes just before it
+//! (`{"event":"curve","path":…}`, or a line on stderr in text mode), as single-process training
+//! prints it.
 
 use std::io::{IsTerminal, Write};
 
@@ -78,6 +80,18 @@ impl Display {
                     self.name
                 );
             }
+        }
+    }
+
+    /// Shows where the training curve was written; call it before showing `Finished`.
+    pub fn curve(&mut self, path: &std::path::Path) {
+        if self.json {
+            let line = serde_json::json!({"event": "curve", "path": path.display().to_string()});
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        } else {
+            self.note(&format!("training curve written to {}", path.display()));
         }
     }
 
