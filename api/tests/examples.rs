@@ -58,3 +58,42 @@ fn easgd_exchanges_every_tau_steps() {
     assert!(job.spec.training.easgd.tau >= 1);
     assert!(job.spec.parameter_servers.replicas >= 1);
 }
+
+#[test]
+fn ps_sync_and_ps_async_are_four_single_rank_clients_of_one_ps() {
+    for (name, algorithm) in
+        [("mnist-ps-sync.yaml", Algorithm::PsSync), ("mnist-ps-async.yaml", Algorithm::PsAsync)]
+    {
+        let job = example(name);
+        assert_eq!(job.spec.training.algorithm, algorithm, "{name}");
+        assert_eq!((job.spec.workers.groups, job.spec.workers.group_size), (4, 1), "{name}");
+        assert!(job.spec.parameter_servers.replicas >= 1, "{name}");
+    }
+    assert!(example("mnist-ps-async.yaml").spec.training.staleness > 0, "ps-async bounds staleness");
+}
+
+/// The time-to-accuracy benchmark (bench/tta.sh) compares the algorithms on these manifests: the
+/// same model, data and batch, and the same 4 worker processes.
+#[test]
+fn algorithm_examples_compare_the_same_four_workers_and_data() {
+    let names = [
+        "mnist-ps-sync.yaml",
+        "mnist-ps-async.yaml",
+        "mnist-hybrid.yaml",
+        "mnist-easgd.yaml",
+        "mnist-allreduce.yaml",
+    ];
+    let first = example(names[0]);
+    let mut algorithms = Vec::new();
+    for name in names {
+        let job = example(name);
+        assert_eq!(job.spec.workers.groups * job.spec.workers.group_size, 4, "{name}: 4 worker processes");
+        assert_eq!(job.spec.model, first.spec.model, "{name}: same model");
+        assert_eq!(job.spec.data, first.spec.data, "{name}: same data and batch");
+        assert_eq!(job.spec.training.seed, first.spec.training.seed, "{name}: same seed");
+        algorithms.push(job.spec.training.algorithm);
+    }
+    algorithms.sort_by_key(|a| format!("{a:?}"));
+    algorithms.dedup();
+    assert_eq!(algorithms.len(), names.len(), "one manifest per algorithm");
+}
