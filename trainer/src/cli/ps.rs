@@ -4,15 +4,21 @@
 //! its shard on `TANDEM_BIND` and the job config's port for it, keeps checkpoints under
 //! `$TANDEM_OUTPUT/ps-<index>/`, resumes from the newest one, and stops on SIGTERM or Ctrl-C
 //! after writing a last checkpoint. Prints `listening on <addr>` on stdout once bound.
+//!
+//! It also serves the HTTP status endpoint ([`tandem::ps::http`]) on `TANDEM_BIND` and
+//! `TANDEM_STATUS_PORT` (default [`tandem_api::contract::STATUS_PORT`]; `0` any free port, `off`
+//! none) and then prints `status on <addr>`, or `status off` when it serves none. An endpoint that
+//! cannot bind is logged and left out: the shard trains on without it.
 
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tandem::ps::Mode;
+use tandem::ps::http::StatusListener;
 use tandem::ps::server::{Server, ServerConfig};
 use tandem::ps::state::ShardConfig;
-use tandem_api::contract::Role;
+use tandem_api::contract::{self, Role};
 
 /// Arguments of `tandem ps`.
 #[derive(clap::Args)]
@@ -54,11 +60,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.checkpoint_dir = Some(env.output.join(format!("ps-{index}")));
     config.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
     let port = args.port.unwrap_or(endpoint.port);
-    let addr = if env.bind.contains(':') {
-        format!("[{}]:{port}", env.bind)
-    } else {
-        format!("{}:{port}", env.bind)
-    };
+    let host = if env.bind.contains(':') { format!("[{}]", env.bind) } else { env.bind.clone() };
+    let addr = format!("{host}:{port}");
+    let status_port = contract::status_port(|k| std::env::var(k).ok())?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,11 +70,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let server = Server::bind(&addr, config).await?;
+        let mut server = Server::bind(&addr, config).await?;
         let bound = server.local_addr().context("cannot read the bound address")?;
         tracing::info!(shard = index, replicas, %mode, %bound, version = server.version(), "parameter server listening");
         let mut stdout = std::io::stdout();
         let _ = writeln!(stdout, "listening on {bound}");
+        let mut status_line = "status off".to_owned();
+        if let Some(status_port) = status_port {
+            let status_addr = format!("{host}:{status_port}");
+            match StatusListener::bind(&status_addr).await {
+                Ok(listener) => {
+                    let at = listener.local_addr().context("cannot read the status endpoint's address")?;
+                    tracing::info!(shard = index, %at, "status endpoint listening");
+                    status_line = format!("status on {at}");
+                    server = server.with_status(listener);
+                }
+                Err(e) => tracing::warn!(
+                    shard = index,
+                    addr = %status_addr,
+                    error = %e,
+                    "cannot serve the status endpoint; training goes on without it (set {} to 0 for any free port, or to off)",
+                    contract::env::STATUS_PORT
+                ),
+            }
+        }
+        let _ = writeln!(stdout, "{status_line}");
         let _ = stdout.flush();
         server.run(shutdown_signal()).await?;
         tracing::info!(shard = index, "parameter server stopped");

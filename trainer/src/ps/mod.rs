@@ -4,7 +4,8 @@
 //! framed binary protocol), [`state`] (the per-shard protocol state machine, free of I/O so it
 //! is tested on a simulated network), [`optim`] (the update rule a shard runs), [`checkpoint`]
 //! (atomic, checksummed shard files), [`server`] (the tokio driver: sockets, logging,
-//! checkpoints) and [`client`] (what a worker rank uses to push and pull across every shard).
+//! checkpoints), [`http`] (the authenticated HTTP status endpoint the operator reads) and
+//! [`client`] (what a worker rank uses to push and pull across every shard).
 //!
 //! Expected flow, per worker rank: connect and say hello (job token, group, rank, attempt, vector
 //! length) to every shard; `init` its range with the initial weights (ignored once a shard holds
@@ -15,6 +16,7 @@
 
 pub mod checkpoint;
 pub mod client;
+pub mod http;
 pub mod optim;
 pub mod server;
 pub mod shard;

@@ -11,22 +11,25 @@
 //! and wrong tokens are refused, logged and (where the stream is lost) the connection closed,
 //! while every other connection is served as before. A connection that says nothing within the
 //! hello timeout is closed. At most `max_connections` are open; more wait in the accept queue.
+//! With [`Server::with_status`] it also serves the HTTP status endpoint ([`super::http`]), whose
+//! queries the same task answers between frames; the training service never waits for it.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
 use super::checkpoint::{self, CheckpointError};
+use super::http::{self, StatusDocument, StatusListener};
 use super::state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
-use super::wire::{self, Frame, HEADER_LEN, WireError};
+use super::wire::{self, Frame, HEADER_LEN, Peer, WireError};
 
 /// How a server runs.
 #[derive(Clone, Debug)]
@@ -88,6 +91,7 @@ pub struct Server {
     listener: TcpListener,
     state: ShardState,
     config: ServerConfig,
+    status: Option<StatusListener>,
 }
 
 enum Event {
@@ -95,6 +99,7 @@ enum Event {
     Frame(SessionId, Frame),
     Wire(SessionId, WireError),
     Disconnected(SessionId),
+    Status(oneshot::Sender<StatusDocument>),
     Shutdown,
 }
 
@@ -122,7 +127,13 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr: addr.to_owned(), source })?;
-        Ok(Self { listener, state, config })
+        Ok(Self { listener, state, config, status: None })
+    }
+
+    /// Also serves the HTTP status endpoint on `listener` while running (see [`super::http`]).
+    pub fn with_status(mut self, listener: StatusListener) -> Self {
+        self.status = Some(listener);
+        self
     }
 
     /// The address actually bound (useful with port 0).
@@ -137,9 +148,22 @@ impl Server {
 
     /// Serves until `shutdown` completes, then writes a final checkpoint.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let Server { listener, state, config } = self;
+        let Server { listener, state, config, status } = self;
         let (events_tx, events_rx) = mpsc::channel::<Event>(1024);
         let actor = tokio::spawn(actor(state, events_rx, config.checkpoint_dir.clone()));
+        let status = status.map(|listener| {
+            let (query_tx, mut query_rx) = mpsc::channel::<oneshot::Sender<StatusDocument>>(16);
+            let events = events_tx.clone();
+            let forward = tokio::spawn(async move {
+                while let Some(reply) = query_rx.recv().await {
+                    if events.send(Event::Status(reply)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let token: Arc<str> = config.shard.token.as_str().into();
+            (tokio::spawn(http::serve(listener, token, query_tx)), forward)
+        });
         let limit = Arc::new(Semaphore::new(config.max_connections.max(1)));
         let mut next: SessionId = 0;
         tokio::pin!(shutdown);
@@ -174,6 +198,10 @@ impl Server {
             });
         };
         drop(listener);
+        if let Some((serve, forward)) = status {
+            serve.abort();
+            forward.abort();
+        }
         // Connections may stay open for ever, so the actor is told to stop rather than left to
         // notice that every sender is gone; it writes a last checkpoint first.
         let _ = events_tx.send(Event::Shutdown).await;
@@ -191,8 +219,15 @@ fn is_transient(e: &std::io::Error) -> bool {
 /// Owns the shard: applies events in order and routes outputs.
 async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, dir: Option<PathBuf>) {
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
+    let mut meter = Throughput::default();
     while let Some(event) = events.recv().await {
         let outputs = match event {
+            Event::Frame(s, Frame::Report(p)) => {
+                if let Some(Peer::Worker { group, attempt, .. }) = state.peer(s) {
+                    meter.record(group, attempt, p.samples, Instant::now());
+                }
+                state.handle(s, Frame::Report(p))
+            }
             Event::Connected(s, tx) => {
                 writers.insert(s, tx);
                 state.connect(s);
@@ -203,6 +238,13 @@ async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, dir: Op
             Event::Disconnected(s) => {
                 writers.remove(&s);
                 state.disconnect(s)
+            }
+            Event::Status(reply) => {
+                let status = state.status();
+                let members = status.groups.iter().filter(|g| g.member).map(|g| g.group);
+                let rate = meter.rate(members);
+                let _ = reply.send(StatusDocument::new(status, rate));
+                Vec::new()
             }
             Event::Shutdown => break,
         };
@@ -223,6 +265,41 @@ async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, dir: Op
         }
     }
     write_checkpoint(&state, dir.as_ref()).await;
+}
+
+/// Each group's throughput, from the samples count of its last two progress reports.
+#[derive(Default)]
+struct Throughput {
+    groups: HashMap<u32, GroupRate>,
+}
+
+struct GroupRate {
+    attempt: u32,
+    at: Instant,
+    samples: u64,
+    per_second: Option<f64>,
+}
+
+impl Throughput {
+    fn record(&mut self, group: u32, attempt: u32, samples: u64, at: Instant) {
+        let rate = self.groups.entry(group).or_insert(GroupRate { attempt, at, samples, per_second: None });
+        if rate.attempt != attempt || samples < rate.samples {
+            // A relaunched group counts from zero again.
+            *rate = GroupRate { attempt, at, samples, per_second: None };
+            return;
+        }
+        let seconds = at.duration_since(rate.at).as_secs_f64();
+        if samples > rate.samples && seconds > 0.0 {
+            rate.per_second = Some((samples - rate.samples) as f64 / seconds);
+            rate.at = at;
+            rate.samples = samples;
+        }
+    }
+
+    /// Samples per second summed over `groups`, or `None` if none of them has a rate yet.
+    fn rate(&self, groups: impl Iterator<Item = u32>) -> Option<f64> {
+        groups.filter_map(|g| self.groups.get(&g)?.per_second).reduce(|a, b| a + b)
+    }
 }
 
 async fn write_checkpoint(state: &ShardState, dir: Option<&PathBuf>) {

@@ -226,7 +226,8 @@ pub struct GroupStatus {
     pub clock: u64,
     /// Open connections of the group to this shard.
     pub connections: usize,
-    /// Latest progress the group reported.
+    /// Latest progress the group reported, with the latest accuracy and loss it ever reported
+    /// (light reports carry none).
     pub progress: Option<Progress>,
 }
 
@@ -271,7 +272,7 @@ pub struct ShardState {
 }
 
 /// Compares tokens in time independent of where they differ.
-fn same_token(a: &str, b: &str) -> bool {
+pub(crate) fn same_token(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -340,6 +341,11 @@ impl ShardState {
     /// Updates applied so far.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Who `session` said it is in its hello, if it has said hello.
+    pub fn peer(&self, session: SessionId) -> Option<Peer> {
+        self.sessions.get(&session).and_then(|s| s.peer)
     }
 
     /// The shard's configuration.
@@ -467,8 +473,13 @@ impl ShardState {
                 Frame::Push { kind, offset, values } => {
                     self.push(&mut out, session, group, kind, offset, values)
                 }
-                Frame::Report(p) => {
+                Frame::Report(mut p) => {
                     let clock = self.groups.get_mut(&group).map_or(0, |g| {
+                        // Light reports carry no evaluation: the latest accuracy (and loss) stays.
+                        if let Some(prev) = g.progress {
+                            p.accuracy = p.accuracy.or(prev.accuracy);
+                            p.loss = p.loss.or(prev.loss);
+                        }
                         g.progress = Some(p);
                         g.clock
                     });
