@@ -44,6 +44,12 @@ impl std::io::Write for LogWriter {
     }
 }
 
+/// The logged lines in which the API server denied `user` a request.
+fn denied(user: &str) -> Vec<String> {
+    let log = LOG.lock().unwrap_or_else(PoisonError::into_inner);
+    log.lines().filter(|l| l.contains(user) && l.contains("forbidden")).map(str::to_owned).collect()
+}
+
 fn helm() -> PathBuf {
     std::env::var_os("TANDEM_K8S_BIN").map_or_else(|| "helm".into(), |bin| PathBuf::from(bin).join("helm"))
 }
@@ -92,7 +98,7 @@ where
         match check().await {
             Ok(value) => return value,
             Err(state) if tokio::time::Instant::now() > deadline => {
-                panic!("timed out waiting for {what}; last: {state}")
+                panic!("timed out waiting for {what}; last: {state}; denied: {:?}", denied("forbidden"))
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
         }
@@ -211,13 +217,7 @@ async fn helm_install_and_the_operator_as_its_service_account() {
     let _ = stop.send(true);
     let _ = tokio::time::timeout(WAIT, operator).await;
     let user = format!("system:serviceaccount:{ns}:{full}");
-    let denied: Vec<String> = LOG
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .lines()
-        .filter(|l| l.contains(&user) && l.contains("forbidden"))
-        .map(str::to_owned)
-        .collect();
+    let denied = denied(&user);
     assert!(denied.is_empty(), "the chart's RBAC denied the operator:\n{}", denied.join("\n"));
 
     // helm uninstall removes the cluster-scoped RBAC too.
