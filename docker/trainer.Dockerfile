@@ -3,7 +3,9 @@
 # `tandem launcher`), OpenMPI for backend: mpi, and sshd for the MPI workers the launcher reaches.
 #
 # Build from the repository root after `make data` (the built-in data sets are baked in):
-#   docker build -f docker/trainer.Dockerfile -t <registry>/tandem-trainer:0.1.0 .
+#   docker build -f docker/trainer.Dockerfile -t tandem-trainer:0.1 .
+# (`tandem-trainer:0.1` is the default spec.image of a TrainingJob; push it and set spec.image to
+# <registry>/tandem-trainer:0.1 on a real cluster).
 #
 # What the operator's pod builder (operator/src/builder.rs, names.rs) expects of this image:
 # - `tandem` on PATH; MPI workers run `/usr/sbin/sshd -De -p 2222` with no other arguments, so the
