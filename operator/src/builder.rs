@@ -266,7 +266,11 @@ pub fn pod(job: &TrainingJob, role: Role, attempt: u32) -> Pod {
     }
     let ports = container.ports.get_or_insert_with(Vec::new);
     match role {
-        Role::Ps { .. } => ports.push(container_port(names::PS_PORT_NAME, contract::PS_PORT)),
+        Role::Ps { .. } => {
+            ports.push(container_port(names::PS_PORT_NAME, contract::PS_PORT));
+            // The HTTP status endpoint the operator reads progress from (see the crate docs).
+            ports.push(container_port(STATUS_PORT_NAME, contract::STATUS_PORT));
+        }
         Role::Worker { .. } => {
             ports.push(container_port(names::WORKER_PORT_NAME, contract::WORKER_PORT));
             if mpi {
@@ -424,6 +428,9 @@ fn launcher_env() -> Vec<EnvVar> {
 fn plain_env(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.to_owned(), value: Some(value.to_owned()), value_from: None }
 }
+
+/// Name of a PS pod's container port of its HTTP status endpoint.
+pub const STATUS_PORT_NAME: &str = "status";
 
 fn container_port(name: &str, port: u16) -> ContainerPort {
     ContainerPort {

@@ -4,7 +4,8 @@
 //! Expected flow of one reconcile: skip jobs managed by another controller
 //! (`runPolicy.managedBy`); [`crate::validate::validate`] (a bad spec gets a `Failed` status
 //! naming the field, and no objects); list the job's pods; [`crate::plan::decide`]; server-side
-//! apply the Service, ConfigMap, hostfiles and PodGroup, create the Secrets if absent; write the
+//! apply the Service, ConfigMap, hostfiles and PodGroup, create the Secrets if absent; for a
+//! Running job read its progress from PS replica 0 ([`crate::progress`]); write the
 //! status (before touching pods, see [`crate::plan`]); publish Events; delete, force-delete and
 //! create pods; delete the job when its TTL expired.
 //!
@@ -31,7 +32,7 @@ use tandem_api::{Backend, JobPhase, Role, TrainingJob, TrainingJobStatus};
 
 use crate::metrics::{Metrics, RoleLabel};
 use crate::plan::{self, Observed, Plan, Settings, condition};
-use crate::{builder, names, secrets, validate};
+use crate::{builder, names, progress, secrets, validate};
 
 /// A failed step of a reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +115,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Decision settings.
     pub settings: Settings,
+    /// Job tokens, for reading the PS status endpoints.
+    pub tokens: progress::Tokens,
 }
 
 impl std::fmt::Debug for Context {
@@ -126,7 +129,13 @@ impl Context {
     /// A context reporting Events as `tandem-operator` (instance `instance`).
     pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: Option<String>) -> Self {
         let reporter = Reporter { controller: names::FIELD_MANAGER.to_owned(), instance };
-        Self { recorder: Recorder::new(client.clone(), reporter), client, metrics, settings }
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            tokens: progress::Tokens::default(),
+        }
     }
 }
 
@@ -286,6 +295,44 @@ async fn write_status(job: &TrainingJob, ctx: &Context, status: &TrainingJobStat
         .map_err(|source| Error::Status { job: job.name_any(), source })
 }
 
+/// Reads a Running job's progress from its PS replica 0 into `status`; anything that fails is
+/// logged at debug and leaves the last progress in place.
+async fn read_progress(job: &TrainingJob, ctx: &Context, pods: &[Pod], status: &mut TrainingJobStatus) {
+    let name = job.name_any();
+    if status.phase != Some(JobPhase::Running) {
+        ctx.tokens.forget(job);
+        return;
+    }
+    let Some(addr) = progress::ps0_address(job, pods) else {
+        tracing::debug!(job = %name, "no running PS 0 with an IP yet; progress unchanged");
+        return;
+    };
+    let token = match ctx.tokens.get(&ctx.client, job).await {
+        Ok(Some(token)) => token,
+        Ok(None) => {
+            tracing::debug!(job = %name, "the job token Secret is missing or empty; progress unchanged");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(job = %name, error = %e, "cannot read the job token; progress unchanged");
+            return;
+        }
+    };
+    match progress::fetch(addr, &token).await {
+        Ok(ps) => {
+            if let Some(p) = ps.progress {
+                status.progress = Some(p);
+            }
+        }
+        Err(e) => {
+            if e.is_unauthorized() {
+                ctx.tokens.forget(job);
+            }
+            tracing::debug!(job = %name, error = %e, "cannot read progress; keeping the last one");
+        }
+    }
+}
+
 async fn publish(job: &TrainingJob, ctx: &Context, warning: bool, reason: &str, message: &str) {
     let event = Event {
         type_: if warning { EventType::Warning } else { EventType::Normal },
@@ -394,8 +441,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
         .map_err(|source| Error::Read { what: format!("pods of {name}"), source })?
         .items;
     let lost = lost_nodes(ctx, &pods).await;
-    let plan =
+    let mut plan =
         plan::decide(job, &Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now() }, &ctx.settings);
+    read_progress(job, ctx, &pods, &mut plan.status).await;
+    if plan.status.phase == Some(JobPhase::Running) {
+        plan.requeue_after = plan.requeue_after.min(progress::POLL_EVERY);
+    }
 
     if plan.ensure_children {
         ensure_children(job, ctx).await?;

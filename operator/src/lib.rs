@@ -20,16 +20,21 @@
 //! | ConfigMap | `<job>-g<g>-hostfile` | `backend: mpi`; OpenMPI hostfile of group `g` |
 //! | PodGroup | `<job>` | `runPolicy.scheduling.gang` (Volcano or scheduler-plugins) |
 //!
-//! # Progress from the trainer (design)
+//! # Progress from the trainer
 //!
-//! Pods get no Kubernetes RBAC at all. Progress flows the other way: PS replica 0 aggregates the
-//! step, epoch, loss, accuracy and throughput that groups push with their updates, and serves it
-//! as JSON ([`tandem_api::Progress`]) on an HTTP status endpoint of the PS pod, which requires the
-//! job token (`Authorization: Bearer <token>`, the token of the `<job>-token` Secret that the
-//! operator created and can read). The operator polls that endpoint of running jobs on its resync
-//! and writes `status.progress` — one authenticated read per job per resync, no API writes from
-//! pods, no TokenReview round trips. The polling side lands with the trainer's status endpoint;
-//! until then `status.progress` stays empty.
+//! Pods get no Kubernetes RBAC at all. Progress flows the other way: rank 0 of each worker group
+//! reports its step, loss, accuracy and samples to every PS shard; each `tandem ps` serves an
+//! HTTP status endpoint on its pod (port `status`, [`tandem_api::contract::STATUS_PORT`] 7072)
+//! that requires the job token (`Authorization: Bearer <token>`, the token of the `<job>-token`
+//! Secret that the operator created and can read) and answers a
+//! [`tandem_api::contract::PsStatus`]: the most advanced group's progress
+//! ([`tandem_api::Progress`]) with the throughput summed over member groups. For every Running job
+//! the operator reads PS replica 0 at its pod IP ([`progress`]), at least every
+//! [`progress::POLL_EVERY`], and writes `status.progress` with the status patch of the reconcile —
+//! one authenticated read per job per poll, no API writes from pods, no TokenReview round trips.
+//! A PS that cannot be reached (starting, restarting, an older image) is logged at debug and
+//! leaves the last progress in place; it never fails a reconcile. `epoch` stays 0 until workers
+//! report it.
 
 pub mod builder;
 pub mod controller;
@@ -37,6 +42,7 @@ pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod plan;
+pub mod progress;
 pub mod secrets;
 pub mod server;
 pub mod validate;

@@ -1,5 +1,5 @@
 //! Secret material the operator generates once per job: the job token and the SSH key pair of
-//! `backend: mpi` jobs.
+//! `backend: mpi` jobs; and reading the token back ([`token_of`]) to read the PS status endpoint.
 //!
 //! Guarantees: keys and tokens come from the operating system's CSPRNG (through `ring`); the SSH
 //! key pair is Ed25519 in OpenSSH's own formats, which OpenSSH's `ssh`/`sshd` read directly.
@@ -8,8 +8,10 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use k8s_openapi::api::core::v1::Secret;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{Ed25519KeyPair, KeyPair};
+use tandem_api::contract;
 
 use crate::builder::SshKeys;
 
@@ -27,6 +29,14 @@ fn random<const N: usize>() -> Result<[u8; N], RandomError> {
 /// A fresh job token: 32 random bytes, hex-encoded.
 pub fn job_token() -> Result<String, RandomError> {
     Ok(random::<32>()?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The job token a `<job>-token` Secret holds (key [`contract::TOKEN_KEY`]), trimmed; `None` if
+/// the key is missing, empty or not UTF-8.
+pub fn token_of(secret: &Secret) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(contract::TOKEN_KEY)?;
+    let token = std::str::from_utf8(&bytes.0).ok()?.trim();
+    (!token.is_empty()).then(|| token.to_owned())
 }
 
 /// A fresh Ed25519 SSH key pair labelled `comment`.
@@ -89,6 +99,19 @@ fn openssh_keys(seed: &[u8; 32], public: &[u8], check: u32, comment: &str) -> Ss
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_reads_back_from_the_secret_the_builder_makes() {
+        let job: tandem_api::TrainingJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tandem.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "j", "namespace": "n", "uid": "u"},
+            "spec": {"training": {"algorithm": "hybrid", "steps": 10}}
+        }))
+        .unwrap();
+        let secret = crate::builder::token_secret(&job, "abc123");
+        assert_eq!(token_of(&secret).as_deref(), Some("abc123"));
+        assert_eq!(token_of(&Secret::default()), None);
+    }
 
     #[test]
     fn tokens_are_fresh_hex() {

@@ -1,0 +1,167 @@
+//! Progress from the trainer: reads a running job's PS replica 0 over its HTTP status endpoint
+//! (`GET http://<pod IP>:7072/status` with the job token, answered by `tandem ps`) for
+//! `status.progress`.
+//!
+//! Expected flow: for a Running job, the controller picks the PS-0 pod ([`ps0_address`]), gets the
+//! job token ([`Tokens::get`], cached per job UID), and [`fetch`]es the status with a timeout.
+//! Any failure is the caller's to log at debug: the last progress stays in place.
+//!
+//! Guarantees: one connection per fetch, bounded in time ([`FETCH_TIMEOUT`]) and in the body
+//! read ([`MAX_BODY`]); nothing but the PS pod's IP from the API server is dialled.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+use tandem_api::contract::{self, PsStatus};
+use tandem_api::{Role, TrainingJob};
+
+use crate::names;
+
+/// How often the progress of a Running job is read (at most; the resync may be shorter).
+pub const POLL_EVERY: Duration = Duration::from_secs(10);
+/// Time one fetch may take, connection included.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest status body read.
+pub const MAX_BODY: usize = 1 << 20;
+
+/// Why the status of a PS could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// No connection or no HTTP answer.
+    #[error("cannot reach the PS status endpoint {addr}: {message}")]
+    Unreachable {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// Cause.
+        message: String,
+    },
+    /// The endpoint answered with an error code.
+    #[error("the PS status endpoint {addr} answered {code}{hint}")]
+    Refused {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// HTTP status code.
+        code: u16,
+        /// What it means.
+        hint: &'static str,
+    },
+    /// The body is not a status document.
+    #[error("the PS status endpoint {addr} sent a body that is not a PS status: {message}")]
+    Body {
+        /// Address dialled.
+        addr: SocketAddr,
+        /// Cause.
+        message: String,
+    },
+    /// The endpoint did not answer in time.
+    #[error("the PS status endpoint {addr} did not answer within {FETCH_TIMEOUT:?}")]
+    TimedOut {
+        /// Address dialled.
+        addr: SocketAddr,
+    },
+}
+
+impl FetchError {
+    /// Whether the endpoint refused the token (the cached token may be stale).
+    pub fn is_unauthorized(&self) -> bool {
+        matches!(self, FetchError::Refused { code: 401, .. })
+    }
+}
+
+/// `GET /status` from `addr` with the job token, within [`FETCH_TIMEOUT`].
+pub async fn fetch(addr: SocketAddr, token: &str) -> Result<PsStatus, FetchError> {
+    tokio::time::timeout(FETCH_TIMEOUT, fetch_unbounded(addr, token))
+        .await
+        .unwrap_or(Err(FetchError::TimedOut { addr }))
+}
+
+async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, FetchError> {
+    let unreachable = |message: String| FetchError::Unreachable { addr, message };
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    // The connection task ends with the connection (the server closes after one answer).
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(contract::STATUS_PATH)
+        .header(hyper::header::HOST, addr.to_string())
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| unreachable(e.to_string()))?;
+    let result = async {
+        let response = sender.send_request(request).await.map_err(|e| unreachable(e.to_string()))?;
+        let code = response.status().as_u16();
+        if code != 200 {
+            let hint = match code {
+                401 => ": the job token was refused (the token Secret and the PS disagree)",
+                404 => ": this PS has no status endpoint (an older trainer image?)",
+                _ => "",
+            };
+            return Err(FetchError::Refused { addr, code, hint });
+        }
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| FetchError::Body { addr, message: e.to_string() })?
+            .to_bytes();
+        serde_json::from_slice::<PsStatus>(&body)
+            .map_err(|e| FetchError::Body { addr, message: e.to_string() })
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+/// The status endpoint of the job's PS replica 0, if that pod runs and has an IP.
+pub fn ps0_address(job: &TrainingJob, pods: &[Pod]) -> Option<SocketAddr> {
+    let name = names::pod(&job.name_any(), Role::Ps { index: 0 });
+    let pod = pods.iter().find(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())?;
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
+    Some(SocketAddr::new(ip, contract::STATUS_PORT))
+}
+
+/// Job tokens read from the jobs' `<job>-token` Secrets, by job UID (a recreated job has a new
+/// UID and a new Secret).
+#[derive(Debug, Default)]
+pub struct Tokens {
+    by_uid: Mutex<HashMap<String, String>>,
+}
+
+impl Tokens {
+    /// The token of `job`: cached, or read from its Secret; `None` if the Secret or its key is
+    /// missing.
+    pub async fn get(&self, client: &Client, job: &TrainingJob) -> Result<Option<String>, kube::Error> {
+        let uid = job.uid().unwrap_or_default();
+        if let Some(token) = self.by_uid.lock().ok().and_then(|m| m.get(&uid).cloned()) {
+            return Ok(Some(token));
+        }
+        let ns = job.namespace().unwrap_or_default();
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get_opt(&names::token_secret(&job.name_any()))
+            .await?;
+        let Some(token) = secret.as_ref().and_then(crate::secrets::token_of) else { return Ok(None) };
+        if let Ok(mut m) = self.by_uid.lock() {
+            m.insert(uid, token.clone());
+        }
+        Ok(Some(token))
+    }
+
+    /// Forgets the token of `job` (after it was refused, or when the job is gone).
+    pub fn forget(&self, job: &TrainingJob) {
+        if let Ok(mut m) = self.by_uid.lock() {
+            m.remove(&job.uid().unwrap_or_default());
+        }
+    }
+}
