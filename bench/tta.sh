@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Time to accuracy: each parallel SGD algorithm trains MNIST-5k with the same 4 worker processes,
+# model, batch and data (examples/mnist-{ps-sync,ps-async,hybrid,easgd,allreduce}.yaml, evaluated
+# every EVAL steps) through `tandem train` (release build); every `--output json` line is stamped
+# with its wall time. Prints a table of time and samples to TARGET test accuracy with ratios, and the
+# MXNET-MPI claim to compare with (MPI-ESGD converges more than 2x faster than the other methods).
+#
+# Usage: [ALGOS="ps-sync ps-async hybrid easgd allreduce"] [ROUNDS=1] [EVAL=20] [TARGET=0.90]
+#        [TANDEM=path/to/tandem] bench/tta.sh
+# Writes out/bench/tta/{results.jsonl,table.md,tta.png,tta.svg,machine.txt} (git-ignored); with
+# ROUNDS > 1 the algorithms alternate round by round and the table takes the median.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ALGOS=${ALGOS:-"ps-sync ps-async hybrid easgd allreduce"}
+ROUNDS=${ROUNDS:-1}
+EVAL=${EVAL:-20}
+TARGET=${TARGET:-0.90}
+OUT=${OUT:-out/bench/tta}
+mkdir -p "$OUT/manifests" "$OUT/runs"
+[ -f data/mnist_5k.csv.gz ] || scripts/fetch-data.sh
+if [ -z "${TANDEM:-}" ]; then
+  cargo build --release -q -p tandem-trainer --bin tandem
+  TANDEM=target/release/tandem
+fi
+RESULTS="$OUT/results.jsonl"
+: > "$RESULTS"
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  grep -m1 "model name" /proc/cpuinfo || true
+  echo "eval every $EVAL steps; target test accuracy $TARGET; rounds $ROUNDS"
+} | tee "$OUT/machine.txt" >&2
+
+for round in $(seq 1 "$ROUNDS"); do
+  for algo in $ALGOS; do
+    # The example, evaluated every EVAL steps so that the time to the target is resolved finely.
+    manifest="$OUT/manifests/mnist-$algo.yaml"
+    sed -E '/^ *evalEverySteps:/d; s/^( *)training:$/\1training:\n\1  evalEverySteps: '"$EVAL"'/' \
+      "examples/mnist-$algo.yaml" > "$manifest"
+    echo "== round $round: $algo" >&2
+    t0=$EPOCHREALTIME
+    "$TANDEM" train --output json -f "$manifest" --output-dir "$OUT/runs/$algo-$round" \
+      --data-dir data 2> "$OUT/runs/$algo-$round.log" |
+      while IFS= read -r line; do
+        [[ $line == \{* ]] || continue
+        printf '{"algorithm":"%s","round":%s,"t0":%s,"t":%s,"line":%s}\n' \
+          "$algo" "$round" "$t0" "$EPOCHREALTIME" "$line"
+      done >> "$RESULTS" || true
+    tail -1 "$RESULTS" | grep -q '"event":"finished"' ||
+      { echo "$algo failed; see $OUT/runs/$algo-$round.log" >&2; exit 1; }
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
+
+PY=python3
+if ! $PY -c "import matplotlib" 2>/dev/null; then
+  PY=target/bench-venv/bin/python
+  if ! $PY -c "import matplotlib" 2>/dev/null; then
+    echo "installing matplotlib into target/bench-venv (once)" >&2
+    python3 -m venv target/bench-venv && target/bench-venv/bin/pip install -q matplotlib ||
+      { echo "matplotlib unavailable: table only" >&2; PY=python3; }
+  fi
+fi
+$PY bench/plot_tta.py "$RESULTS" "$OUT" "$TARGET"
