@@ -4,7 +4,7 @@
 # Everything it started is stopped however it ends (trap). Prints the wall time at the end.
 #
 # Environment: TANDEM_CLUSTER_DIR (default /tmp/tandem-e2e-cluster), CARGO, CARGO_TARGET_DIR (the
-# operator and the agent; `tandem` always goes to target/release like `make demo`), E2E_KEEP=1 keeps
+# operator and the agent; `tandem` always goes to target/debug), E2E_KEEP=1 keeps
 # the logs folder after a success too, E2E_TEST_ARGS (extra `cargo test` arguments, e.g. a test name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +15,8 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 K8S_BIN="$(scripts/controlplane/bin-dir.sh)"
 log() { echo "e2e: $*" >&2; }
 
-log "building tandem (release), tandem-operator and tandem-node"
-env -u CARGO_TARGET_DIR "$CARGO" build -q --release -p tandem-trainer --bin tandem
+log "building tandem, tandem-operator and tandem-node (dev profile: deps are optimised, and it shares the cache of the other tests)"
+env -u CARGO_TARGET_DIR "$CARGO" build -q -p tandem-trainer --bin tandem
 "$CARGO" build -q -p tandem-operator -p tandem-e2e --bins
 "$CARGO" test -q -p tandem-e2e --features e2e --no-run
 
@@ -50,7 +50,7 @@ metrics_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1
   >"$WORK/operator.log" 2>&1 &
 pids+=($!)
 "$TARGET/debug/tandem-node" --node-name tandem-e2e-node --state-dir "$WORK/node" --workdir "$PWD" \
-  --selector app.kubernetes.io/managed-by=tandem-operator --command "tandem=$PWD/target/release/tandem" \
+  --selector app.kubernetes.io/managed-by=tandem-operator --command "tandem=$PWD/target/debug/tandem" \
   >"$WORK/node.log" 2>&1 &
 pids+=($!)
 kubectl wait --for condition=Ready --timeout=60s node/tandem-e2e-node >/dev/null

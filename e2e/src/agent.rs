@@ -332,7 +332,8 @@ impl Agent {
         };
         let container = spec.containers.first().cloned().unwrap_or_default();
         let dir = pod_dir(&self.config.state_dir, &uid);
-        let _ = std::fs::write(dir.join("pod"), format!("{ns}/{name}\n"));
+        let _ = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(dir.join("pod"), format!("{ns}/{name}\n")));
 
         // Prepare; a missing ConfigMap or Secret is waited for, as a kubelet does.
         let mut command = loop {
