@@ -132,10 +132,14 @@ async fn mnist_hybrid_trains_to_accuracy_through_the_operator() {
     let (_cluster, ns) = start_job("hybrid", 600).await;
     let status = wait_succeeded(&ns, "hybrid").await;
     assert_workers_finished(&ns, "hybrid", 0.90).await;
-    // Each pod ran as its own process at its own address.
-    let ips: std::collections::BTreeSet<String> =
-        pods(&ns, "hybrid").await.iter().filter_map(|p| p.status.as_ref()?.pod_ip.clone()).collect();
-    assert_eq!(ips.len(), 6, "2 PS + 2 groups of 2 with distinct pod IPs: {ips:?}");
+    // Each worker ran as its own process at its own address (finished PS pods are cleaned up).
+    let ips: std::collections::BTreeSet<String> = pods(&ns, "hybrid")
+        .await
+        .iter()
+        .filter(|p| p.labels().get("tandem.dev/role").is_some_and(|r| r == "worker"))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    assert_eq!(ips.len(), 4, "2 groups of 2 with distinct pod IPs: {ips:?}");
     if let Some(accuracy) = status.pointer("/progress/accuracy").and_then(Value::as_f64) {
         assert!(accuracy >= 0.90, "status.progress.accuracy {accuracy} < 0.90: {status:#}");
     }
@@ -155,8 +159,15 @@ async fn a_killed_worker_restarts_its_group_only_and_the_job_succeeds() {
     let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
     assert!(killed.success(), "kill -KILL {pid} failed");
 
-    wait_succeeded(&ns, "chaos").await;
-    let after = uids(&ns, "chaos").await;
+    // Once the killed group runs again, compare (finished PS pods are cleaned up at the end).
+    let after = wait_for("group 1 to be relaunched", JOB_DEADLINE, || async {
+        let now = uids(&ns, "chaos").await;
+        let relaunched = ["chaos-g1-0", "chaos-g1-1"]
+            .iter()
+            .all(|n| now.get(*n).is_some_and(|uid| before.get(*n) != Some(uid)));
+        relaunched.then_some(now)
+    })
+    .await;
     for (name, uid) in &before {
         if name.starts_with("chaos-g1-") {
             assert_ne!(after.get(name), Some(uid), "{name} of the killed group was not restarted");
@@ -164,6 +175,7 @@ async fn a_killed_worker_restarts_its_group_only_and_the_job_succeeds() {
             assert_eq!(after.get(name), Some(uid), "{name} outside the killed group was restarted");
         }
     }
+    wait_succeeded(&ns, "chaos").await;
     assert_workers_finished(&ns, "chaos", 0.0).await;
     ns.cleanup().await.unwrap();
 }
