@@ -26,6 +26,8 @@ enum Command {
     Ps(cli::ps::Args),
     /// One worker rank of a parameter-server job (started by the operator or `tandem train`).
     Worker(cli::worker::Args),
+    /// Start one `backend: mpi` worker group under mpirun (started by the operator or `tandem train`).
+    Launcher(cli::launcher::Args),
     /// One rank of a collective self-test, soak or benchmark (started by `bench` and by tests).
     #[command(hide = true, name = "comm-rank")]
     CommRank(cli::bench::RankArgs),
@@ -38,6 +40,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(bench) => cli::bench::run(bench),
         Command::Ps(args) => cli::ps::run(args),
         Command::Worker(args) => cli::worker::run(args),
+        Command::Launcher(args) => cli::launcher::run(args),
         Command::CommRank(args) => cli::bench::run_rank(args),
     }
 }

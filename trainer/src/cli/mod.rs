@@ -1,6 +1,7 @@
 //! Subcommands of the `tandem` binary; each module parses its arguments and calls the library.
 
 pub mod bench;
+pub mod launcher;
 pub mod ps;
 pub mod train;
 pub mod worker;

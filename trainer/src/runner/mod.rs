@@ -5,8 +5,8 @@
 //!
 //! Expected flow: [`run`] writes `job.json` (a [`JobConfig`] with 127.0.0.1 endpoints on free
 //! ports) and a random token file into the output folder, spawns `tandem ps` for each replica and
-//! `tandem worker` for each rank (`mpirun -np <groupSize> tandem worker` per group with
-//! `backend: mpi`) with [`LaunchEnv::to_vars`], reads the workers' progress lines
+//! `tandem worker` for each rank (`tandem launcher`, which runs `mpirun -np <groupSize> tandem
+//! worker`, per group with `backend: mpi`) with [`LaunchEnv::to_vars`], reads the workers' progress lines
 //! ([`progress`]), applies the job's runPolicy through [`policy::Supervisor`], and once every
 //! group has finished pulls the PS weights as an observer and evaluates them on the test set.
 //!
@@ -338,28 +338,25 @@ impl Launcher<'_> {
 
     fn spawn(&self, procs: &mut Procs, role: Role, attempt: u32) -> Result<(), RunnerError> {
         let opts = self.opts;
-        let (mut cmd, env_role) = match role {
+        let mut cmd = match role {
             Role::Ps { .. } => {
                 let mut cmd = Command::new(&opts.exe);
                 cmd.arg("ps");
-                (cmd, role)
+                cmd
             }
             Role::Worker { .. } => {
                 let mut cmd = Command::new(&opts.exe);
                 cmd.arg("worker").arg("--data-dir").arg(&opts.data_dir).args(&opts.worker_args);
-                (cmd, role)
+                cmd
             }
-            Role::Launcher { group } => {
-                let mut cmd = Command::new("mpirun");
-                cmd.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np"])
-                    .arg(opts.spec.workers.group_size.to_string())
-                    .arg(&opts.exe)
-                    .arg("worker")
-                    .arg("--data-dir")
+            Role::Launcher { .. } => {
+                // The same launch path as on Kubernetes; without a hostfile mpirun starts the
+                // ranks here, more of them than this machine may have cores.
+                let mut cmd = Command::new(&opts.exe);
+                cmd.args(["launcher", "--oversubscribe", "--", "--data-dir"])
                     .arg(&opts.data_dir)
                     .args(&opts.worker_args);
-                // mpirun's ranks inherit this environment; each takes its rank from MPI.
-                (cmd, Role::Worker { group, rank: 0 })
+                cmd
             }
         };
         let name = match role {
@@ -370,7 +367,7 @@ impl Launcher<'_> {
         let log = self.logs.join(format!("{name}.{attempt}.log"));
         let stderr = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
         use std::os::unix::process::CommandExt;
-        cmd.envs(self.env(env_role, attempt).to_vars())
+        cmd.envs(self.env(role, attempt).to_vars())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
