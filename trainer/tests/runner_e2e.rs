@@ -193,7 +193,18 @@ fn an_mpi_backend_job_runs_each_group_under_mpirun_and_completes() {
     assert_eq!(done["steps"], 120, "{done}");
     assert_eq!(done["restarts"], 0, "{done}");
     assert!(done["test_accuracy"].as_f64().unwrap() >= 0.5, "it learned: {done}");
-    assert_eq!(run.of("started")[0]["processes"], 4, "2 PS and one mpirun per group");
+    assert_eq!(run.of("started")[0]["processes"], 4, "2 PS and one launcher per group");
+    let status = run.of("status");
+    assert!(
+        status.len() == 1
+            && status[0]["ps"] == 0
+            && status[0]["addr"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "PS 0's status endpoint is shown once: {status:?}"
+    );
+    let ps1 = std::fs::read_to_string(out.join("logs/ps-1.0.log")).unwrap();
+    assert!(!ps1.contains("cannot serve the status endpoint"), "each PS has its own status port:\n{ps1}");
+    let samples: Vec<u64> = run.of("progress").iter().map(|e| e["samples"].as_u64().unwrap()).collect();
+    assert!(samples.windows(2).all(|w| w[0] <= w[1]) && samples[samples.len() - 1] > 0, "{samples:?}");
     for group in [0, 1] {
         let last = run.of("progress").into_iter().rfind(|e| e["group"] == group).cloned();
         assert_eq!(

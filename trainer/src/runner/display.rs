@@ -60,6 +60,10 @@ impl Display {
                     None => eprintln!("step {step}/{}: {loss}{acc}", self.total),
                 }
             }
+            Event::Status { ps, addr } => self.note(&format!(
+                "parameter server {ps}: status on http://{addr}{} (job token as bearer)",
+                tandem_api::contract::STATUS_PATH
+            )),
             Event::Chaos { target, step } => self.note(&format!("chaos: killed {target} at step {step}")),
             Event::Restart { message, .. } => self.note(message),
             Event::Finished {

@@ -101,6 +101,15 @@ pub enum Event {
         loss: Option<f64>,
         /// Latest test accuracy reported.
         accuracy: Option<f64>,
+        /// Samples processed so far, all groups and attempts together.
+        samples: u64,
+    },
+    /// Parameter server 0's HTTP status endpoint listens (again after each of its restarts).
+    Status {
+        /// PS index (0).
+        ps: u32,
+        /// `host:port` of the endpoint; `GET /status` with the job token as bearer.
+        addr: String,
     },
     /// `--chaos` killed a process.
     Chaos {
@@ -341,7 +350,8 @@ impl Launcher<'_> {
         let mut cmd = match role {
             Role::Ps { .. } => {
                 let mut cmd = Command::new(&opts.exe);
-                cmd.arg("ps");
+                // Every PS binds 127.0.0.1: each takes a free port for its status endpoint.
+                cmd.arg("ps").env(contract::env::STATUS_PORT, "0");
                 cmd
             }
             Role::Worker { .. } => {
@@ -527,7 +537,11 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
                         group_step: step,
                         loss: merged.loss(),
                         accuracy: merged.accuracy(),
+                        samples: merged.samples(),
                     });
+                }
+                Some(Line::Status { addr }) if current && p.role == (Role::Ps { index: 0 }) => {
+                    on_event(&Event::Status { ps: 0, addr });
                 }
                 Some(Line::Finished { steps: s, accuracy, rank, .. }) if current => {
                     steps = steps.max(s);

@@ -4,8 +4,9 @@
 //! Protocol: a worker prints JSON objects, one per line, on stdout:
 //! `{"event":"progress","group":G,"progress":{"step":S,"loss":L,"accuracy":A,"samples":N}}`
 //! (rank 0 of each group, at its evaluation steps) and, when it ends,
-//! `{"event":"finished","group":G,"rank":R,"steps":S,"accuracy":A}`. Other lines (logs,
-//! `listening on …`) are not protocol and are ignored.
+//! `{"event":"finished","group":G,"rank":R,"steps":S,"accuracy":A}`. A parameter server prints
+//! `status on <addr>` once its HTTP status endpoint listens. Other lines (logs, `listening on …`)
+//! are not protocol and are ignored.
 //!
 //! Guarantees: the merged step never goes backwards (a restarted group starts its count again,
 //! but the merged step is the furthest step any group reached); samples of earlier attempts are
@@ -42,6 +43,11 @@ pub enum Line {
         /// Its final test accuracy.
         accuracy: Option<f64>,
     },
+    /// A parameter server's status endpoint listens on `addr`.
+    Status {
+        /// `host:port`.
+        addr: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -66,6 +72,9 @@ struct RawProgress {
 /// Reads one stdout line; `None` for lines that are not protocol.
 pub fn parse(line: &str) -> Option<Line> {
     let line = line.trim();
+    if let Some(addr) = line.strip_prefix("status on ") {
+        return Some(Line::Status { addr: addr.trim().to_owned() });
+    }
     if !line.starts_with('{') {
         return None;
     }
