@@ -197,3 +197,26 @@ fn a_gracefully_stopped_ps_loses_no_update() {
     assert_eq!((version, again), (7, w), "the last checkpoint written at shutdown holds every update");
     eventually("the log to mention the resume", || ps.log_text().contains("resumed from checkpoint"));
 }
+
+#[test]
+fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
+    let job = Job::new("ps-async", 0, 1, 1000);
+    let mut ps = job.spawn_ps(0, 0);
+    let servers = vec![ps.addr.clone()];
+    let mut client = PsClient::connect(worker_config(&servers, 0, 0, 0, 4)).unwrap();
+    client.init(0, &[1.0; 4]).unwrap();
+    client.join().unwrap();
+    client.push(0, &[0.25; 4]).unwrap();
+    let reported = wire::Progress { step: 42, loss: Some(0.5), accuracy: Some(0.75), samples: 1344 };
+    client.report(reported).unwrap();
+    assert!(ps.terminate().success(), "SIGTERM is a clean stop:\n{}", ps.log_text());
+
+    // The PS and group 0 restart together: the group's new attempt reads its step from the PS.
+    let ps = job.spawn_ps(0, ps.port());
+    let mut again = PsClient::connect(worker_config(&servers, 0, 0, 1, 4)).unwrap();
+    assert_eq!(again.reported_step(0).unwrap(), Some(42), "{}", ps.log_text());
+    assert_eq!(again.reported_step(1).unwrap(), None, "no other group reported");
+    again.join().unwrap();
+    let mut w = [0.0f32; 4];
+    assert_eq!(again.pull(0, &mut w).unwrap(), 1, "the restarted group trains on");
+}

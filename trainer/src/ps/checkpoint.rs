@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use tandem_api::OptimizerKind;
 
 use super::state::Snapshot;
+use super::wire::Progress;
 use crate::optim::OptimizerState;
 
 const MAGIC: &[u8; 8] = b"TPSCKPT1";
@@ -70,6 +71,22 @@ struct Header {
     optimizer_kind: OptimizerKind,
     optimizer_updates: u64,
     optimizer: Vec<(String, u64)>,
+    /// Each group's reported progress; absent in checkpoints written before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<GroupProgress>,
+}
+
+/// A group's reported progress in the header.
+#[derive(Serialize, Deserialize)]
+struct GroupProgress {
+    group: u32,
+    step: u64,
+    #[serde(default)]
+    loss: Option<f32>,
+    #[serde(default)]
+    accuracy: Option<f32>,
+    #[serde(default)]
+    samples: u64,
 }
 
 fn file_name(index: u32, version: u64) -> String {
@@ -92,6 +109,17 @@ pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
         optimizer_kind: snapshot.optimizer.kind,
         optimizer_updates: snapshot.optimizer.updates,
         optimizer: snapshot.optimizer.buffers.iter().map(|(n, v)| (n.clone(), v.len() as u64)).collect(),
+        groups: snapshot
+            .groups
+            .iter()
+            .map(|&(group, p)| GroupProgress {
+                group,
+                step: p.step,
+                loss: p.loss,
+                accuracy: p.accuracy,
+                samples: p.samples,
+            })
+            .collect(),
     };
     // A struct of numbers and strings always serialises.
     let json = serde_json::to_vec(&header).unwrap_or_default();
@@ -146,6 +174,13 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
         version: header.version,
         values,
         optimizer,
+        groups: header
+            .groups
+            .into_iter()
+            .map(|g| {
+                (g.group, Progress { step: g.step, loss: g.loss, accuracy: g.accuracy, samples: g.samples })
+            })
+            .collect(),
     })
 }
 
@@ -228,6 +263,7 @@ mod tests {
                 updates: version,
                 buffers: vec![("momentum".into(), vec![0.25, 0.5, 0.75])],
             },
+            groups: vec![(0, Progress { step: version * 10, loss: Some(0.5), ..Progress::default() })],
         }
     }
 
@@ -264,5 +300,16 @@ mod tests {
             assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         assert_eq!(decode(&bytes), Ok(snap(1)));
+    }
+
+    #[test]
+    fn a_checkpoint_without_group_progress_still_reads() {
+        // A header as written before group progress was kept: no `groups` key.
+        let old = Snapshot { groups: Vec::new(), ..snap(4) };
+        let bytes = encode(&old);
+        let hlen = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+        let header = std::str::from_utf8(&bytes[12..12 + hlen]).unwrap_or_default();
+        assert!(!header.contains("groups"), "{header}");
+        assert_eq!(decode(&bytes), Ok(old));
     }
 }

@@ -88,6 +88,9 @@ pub struct Snapshot {
     pub values: Vec<f32>,
     /// Optimizer state (momentum, Adam moments, update count).
     pub optimizer: OptimizerState,
+    /// The latest progress each group reported, by group index: a group restarted together with
+    /// the PS continues its step count from it (async, bounded-staleness and elastic modes).
+    pub groups: Vec<(u32, Progress)>,
 }
 
 /// A snapshot that does not fit this shard.
@@ -321,6 +324,10 @@ impl ShardState {
         state.weights =
             Some(Weights { total_len: snapshot.total_len, range, values: snapshot.values, init: None });
         state.optimizer = Some(optimizer);
+        for (group, progress) in snapshot.groups {
+            // Not a member until it joins again; attempt 0 refuses no relaunched attempt.
+            state.groups.entry(group).or_insert_with(|| Group::new(0)).progress = Some(progress);
+        }
         Ok(state)
     }
 
@@ -335,6 +342,7 @@ impl ShardState {
             version: self.version,
             values: w.values.clone(),
             optimizer,
+            groups: self.groups.iter().filter_map(|(&i, g)| Some((i, g.progress?))).collect(),
         })
     }
 
