@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodTemplateSpec,
-    Probe, ResourceRequirements, Secret, SecretVolumeSource, SecurityContext, Service, ServicePort,
-    ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    EnvVarSource, KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext,
+    PodTemplateSpec, Probe, ResourceRequirements, Secret, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -43,6 +43,9 @@ pub const SCHEDULER_PLUGINS_SCHEDULER: &str = "scheduler-plugins-scheduler";
 pub const VOLCANO_GROUP_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 /// Pod label the scheduler-plugins coscheduling plugin reads.
 pub const SCHEDULER_PLUGINS_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
+/// Group of the trainer image's `tandem` user (uid 1000): the `fsGroup` of MPI worker and
+/// launcher pods whose template sets none, so that it can read the mounted SSH key.
+pub const TRAINER_FS_GROUP: i64 = 1000;
 
 /// The SSH key pair of a `backend: mpi` job, in OpenSSH formats.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -320,6 +323,11 @@ pub fn pod(job: &TrainingJob, role: Role, attempt: u32) -> Pod {
         });
     }
 
+    if mpi && !matches!(role, Role::Ps { .. }) {
+        // Secret files are root-owned 0600; with an fsGroup the kubelet makes them readable by it.
+        let security = pod_spec.security_context.get_or_insert_with(PodSecurityContext::default);
+        security.fs_group.get_or_insert(TRAINER_FS_GROUP);
+    }
     pod_spec.restart_policy = Some("Never".to_owned());
     pod_spec.hostname = Some(names::pod(&name, role));
     pod_spec.subdomain = Some(names::service(&name));
@@ -417,8 +425,6 @@ fn launcher_env() -> Vec<EnvVar> {
                 names::SSH_DIR
             ),
         ),
-        ("OMPI_ALLOW_RUN_AS_ROOT", "1".to_owned()),
-        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| plain_env(k, &v))
@@ -549,7 +555,7 @@ fn apply_network_preset(container: &mut Container, network: &tandem_api::Network
                 ("FI_EFA_USE_DEVICE_RDMA", "1"),
                 ("FI_EFA_FORK_SAFE", "1"),
                 ("OMPI_MCA_pml", "^ucx"),
-                ("OMPI_MCA_btl", "tcp,self"),
+                ("OMPI_MCA_btl", "tcp,self,vader"),
                 ("NCCL_SOCKET_IFNAME", "eth0"),
             ],
         ),

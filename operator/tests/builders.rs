@@ -129,6 +129,25 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     assert!(ssh.items.as_ref().unwrap().iter().any(|i| i.path == "authorized_keys"));
     // The launcher needs no RDMA device and does not carry the workers' resources.
     assert!(lc.resources.is_none());
+    // `tandem launcher` adds --allow-run-as-root itself, only when it runs as root.
+    assert!(!vars.contains_key("OMPI_ALLOW_RUN_AS_ROOT"), "{vars:?}");
+    // The image's tandem user (uid 1000) reads the root-owned SSH key through its group.
+    for pod in [&worker, &launcher] {
+        let security = pod.spec.as_ref().unwrap().security_context.as_ref().unwrap();
+        assert_eq!(security.fs_group, Some(builder::TRAINER_FS_GROUP));
+    }
+    let ps = builder::pod(&job, Role::Ps { index: 0 }, 0);
+    assert!(ps.spec.as_ref().unwrap().security_context.is_none(), "PS pods mount no key");
+    let mut custom = job.clone();
+    custom.spec.workers.template = Some(
+        serde_json::from_value(serde_json::json!({"spec": {"securityContext": {"fsGroup": 2000}}})).unwrap(),
+    );
+    let pod = builder::pod(&custom, Role::Launcher { group: 1 }, 0);
+    assert_eq!(
+        pod.spec.unwrap().security_context.unwrap().fs_group,
+        Some(2000),
+        "the template's fsGroup wins"
+    );
 }
 
 #[test]
@@ -182,6 +201,7 @@ fn user_template_is_kept_under_the_operator_settings() {
     assert_eq!(vars["NCCL_DEBUG"], "INFO");
     assert_eq!(vars["FI_PROVIDER"], "user-choice", "a user's variable is not overridden by the preset");
     assert_eq!(vars["FI_EFA_USE_DEVICE_RDMA"], "1");
+    assert_eq!(vars["OMPI_MCA_btl"], "tcp,self,vader", "shared memory between ranks on one node");
     let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
     assert_eq!(limits[builder::EFA_RESOURCE].0, "32");
     assert_eq!(limits["hugepages-2Mi"].0, "5120Mi");
