@@ -3,29 +3,41 @@
 //!
 //! Expected flow of one reconcile: skip jobs managed by another controller
 //! (`runPolicy.managedBy`); [`crate::validate::validate`] (a bad spec gets a `Failed` status
-//! naming the field, and no objects); list the job's pods; [`crate::plan::decide`]; server-side
-//! apply the Service, ConfigMap, hostfiles and PodGroup, create the Secrets if absent; for a
-//! Running job read its progress from PS replica 0 ([`crate::progress`]); write the
-//! status (before touching pods, see [`crate::plan`]); publish Events; delete, force-delete and
-//! create pods; delete the job when its TTL expired.
+//! naming the field, and no objects); read the job's pods from the pod cache; [`crate::plan::decide`];
+//! server-side apply the Service, ConfigMap, hostfiles and PodGroup when the cached object is
+//! missing or carries another [`HASH_ANNOTATION`], create the Secrets if absent; for a Running job
+//! with a parameter server read its progress from PS replica 0 ([`crate::progress`]); when the plan
+//! restarts no unit, create and delete pods first (a crash before the status write repeats the
+//! same plan), else write the status first (see [`crate::plan`]); publish Events; delete the job
+//! when its TTL expired.
+//!
+//! Caches: pods (full objects, managed fields stripped), ConfigMaps and Services (metadata only)
+//! labelled `app.kubernetes.io/managed-by=tandem-operator` are watched once and kept in reflector
+//! stores ([`Caches`]); a reconcile makes no API request when nothing changed. The caches may lag
+//! behind the writes of the previous reconcile: creates use deterministic names and treat
+//! AlreadyExists as success, deletes treat NotFound as success, applies are idempotent, so a stale
+//! cache costs a redundant request, never a duplicate. Secrets are never listed or watched: the
+//! operator remembers (in memory, by job UID) which Secrets it found or created.
 //!
 //! Guarantees: every write uses the field manager [`names::FIELD_MANAGER`]; a reconcile is
 //! idempotent, so running it twice, or after a crash half-way, converges to the same objects;
 //! errors are mapped to fixed categories ([`Error::category`]) for metrics and retried with
 //! back-off. Deleting a TrainingJob deletes its children through owner references.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
+};
+use kube::runtime::controller::{self as runtime_controller, Action};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tandem_api::{Backend, JobPhase, Role, TrainingJob, TrainingJobStatus};
@@ -117,6 +129,41 @@ pub struct Context {
     pub settings: Settings,
     /// Job tokens, for reading the PS status endpoints.
     pub tokens: progress::Tokens,
+    /// How often the progress of a Running job with a parameter server is read.
+    pub progress_every: Duration,
+    /// Most reconciles in flight at once (0: unbounded).
+    pub concurrency: u16,
+    /// The reflector stores, set by [`Prepared::new`]; without them every read goes to the API.
+    caches: OnceLock<Caches>,
+    /// `<job uid>/<secret name>` of the Secrets known to exist (found or created).
+    known_secrets: Mutex<HashSet<String>>,
+}
+
+/// Default of [`Context::concurrency`].
+pub const DEFAULT_CONCURRENCY: u16 = 16;
+
+/// Annotation holding a hash of the desired Service or ConfigMap as last applied; an object whose
+/// cached annotation matches the desired hash is not applied again.
+pub const HASH_ANNOTATION: &str = "tandem.dev/applied-hash";
+
+/// The reflector stores of the operator's children (labelled as managed by it).
+#[derive(Clone)]
+pub struct Caches {
+    /// Pods.
+    pub pods: Store<Pod>,
+    /// ConfigMaps (metadata only).
+    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    /// Services (metadata only).
+    pub services: Store<PartialObjectMeta<Service>>,
+}
+
+impl Caches {
+    async fn ready(&self) {
+        // Only fails if the writer was dropped, i.e. the controller stopped.
+        let _ = self.pods.wait_until_ready().await;
+        let _ = self.config_maps.wait_until_ready().await;
+        let _ = self.services.wait_until_ready().await;
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -135,8 +182,55 @@ impl Context {
             metrics,
             settings,
             tokens: progress::Tokens::default(),
+            progress_every: progress::POLL_EVERY,
+            concurrency: DEFAULT_CONCURRENCY,
+            caches: OnceLock::new(),
+            known_secrets: Mutex::new(HashSet::new()),
         }
     }
+
+    fn caches(&self) -> Option<&Caches> {
+        self.caches.get()
+    }
+
+    fn secret_known(&self, key: &str) -> bool {
+        self.known_secrets.lock().is_ok_and(|s| s.contains(key))
+    }
+
+    fn remember_secret(&self, key: String) {
+        if let Ok(mut s) = self.known_secrets.lock() {
+            s.insert(key);
+        }
+    }
+}
+
+/// A hex SHA-256 of the JSON of `object` (before the hash annotation is added).
+fn desired_hash<K: Serialize>(object: &K) -> String {
+    let bytes = serde_json::to_vec(object).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    digest.as_ref().iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+fn with_hash<K: Resource + Serialize>(mut object: K) -> (K, String) {
+    let hash = desired_hash(&object);
+    object
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(HASH_ANNOTATION.to_owned(), hash.clone());
+    (object, hash)
+}
+
+/// Whether the cached object (if any) already carries `hash`.
+fn up_to_date<K>(store: Option<&Store<PartialObjectMeta<K>>>, ns: &str, name: &str, hash: &str) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone,
+    PartialObjectMeta<K>: Resource<DynamicType = ()> + Clone,
+{
+    let Some(store) = store else { return false };
+    store
+        .get(&ObjectRef::new(name).within(ns))
+        .is_some_and(|o| o.annotations().get(HASH_ANNOTATION).is_some_and(|h| h == hash))
 }
 
 fn apply_params() -> PatchParams {
@@ -160,24 +254,44 @@ where
 }
 
 /// Creates a Secret unless it exists: Secrets hold generated material that must not change.
+/// A Secret found or created once is remembered for the job's UID, and not read again.
 async fn create_once(
+    ctx: &Context,
+    job: &TrainingJob,
     api: &Api<Secret>,
     name: &str,
     make: impl FnOnce() -> Result<Secret, Error>,
 ) -> Result<(), Error> {
-    let read = |source| Error::Read { what: format!("Secret {name}"), source };
-    if api.get_opt(name).await.map_err(read)?.is_some() {
+    let key = format!("{}/{name}", job.uid().unwrap_or_default());
+    if ctx.secret_known(&key) {
         return Ok(());
     }
+    let read = |source| Error::Read { what: format!("Secret {name}"), source };
+    if api.get_opt(name).await.map_err(read)?.is_some() {
+        ctx.remember_secret(key);
+        return Ok(());
+    }
+    let secret = make()?;
     match api
         .create(
             &PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() },
-            &make()?,
+            &secret,
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 409) => Ok(()),
+        Ok(_) => {
+            if name == names::token_secret(&job.name_any())
+                && let Some(token) = secrets::token_of(&secret)
+            {
+                ctx.tokens.remember(job, &token);
+            }
+            ctx.remember_secret(key);
+            Ok(())
+        }
+        Err(e) if is_status(&e, 409) => {
+            ctx.remember_secret(key);
+            Ok(())
+        }
         Err(source) => Err(Error::Apply { what: format!("Secret {name}"), source }),
     }
 }
@@ -186,37 +300,87 @@ async fn ensure_children(job: &TrainingJob, ctx: &Context) -> Result<(), Error> 
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     let client = ctx.client.clone();
-    apply(&Api::<Service>::namespaced(client.clone(), &ns), &builder::service(job)).await?;
+    let caches = ctx.caches();
+    let (service, hash) = with_hash(builder::service(job));
+    if !up_to_date(caches.map(|c| &c.services), &ns, &service.name_any(), &hash) {
+        apply(&Api::<Service>::namespaced(client.clone(), &ns), &service).await?;
+    }
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
-    apply(&config_maps, &builder::config_map(job)).await?;
+    let mut wanted = vec![builder::config_map(job)];
     let secrets_api = Api::<Secret>::namespaced(client.clone(), &ns);
-    create_once(&secrets_api, &names::token_secret(&name), || {
+    create_once(ctx, job, &secrets_api, &names::token_secret(&name), || {
         Ok(builder::token_secret(job, &secrets::job_token()?))
     })
     .await?;
     if job.spec.workers.backend == Backend::Mpi {
-        create_once(&secrets_api, &names::ssh_secret(&name), || {
+        create_once(ctx, job, &secrets_api, &names::ssh_secret(&name), || {
             Ok(builder::ssh_secret(job, &secrets::ssh_keys(&format!("tandem@{name}"))?))
         })
         .await?;
-        for group in 0..job.spec.workers.groups {
-            apply(&config_maps, &builder::hostfile(job, group)).await?;
+        wanted.extend((0..job.spec.workers.groups).map(|group| builder::hostfile(job, group)));
+    }
+    for cm in wanted {
+        let (cm, hash) = with_hash(cm);
+        if !up_to_date(caches.map(|c| &c.config_maps), &ns, &cm.name_any(), &hash) {
+            apply(&config_maps, &cm).await?;
         }
     }
     // Hostfiles of groups that scaling removed.
-    let existing = config_maps
-        .list(&ListParams::default().labels(&names::job_selector(&name)))
-        .await
-        .map_err(|source| Error::Read { what: format!("ConfigMaps of {name}"), source })?;
-    for cm in existing.items {
-        let group = cm.labels().get(names::LABEL_GROUP).and_then(|g| g.parse::<u32>().ok());
+    let existing: Vec<(String, std::collections::BTreeMap<String, String>)> = match caches {
+        Some(c) => c
+            .config_maps
+            .state()
+            .iter()
+            .filter(|cm| cm.namespace().as_deref() == Some(ns.as_str()) && is_child_of(cm.labels(), &name))
+            .map(|cm| (cm.name_any(), cm.labels().clone()))
+            .collect(),
+        None => config_maps
+            .list(&ListParams::default().labels(&names::job_selector(&name)))
+            .await
+            .map_err(|source| Error::Read { what: format!("ConfigMaps of {name}"), source })?
+            .items
+            .into_iter()
+            .map(|cm| (cm.name_any(), cm.labels().clone()))
+            .collect(),
+    };
+    for (cm_name, labels) in existing {
+        let group = labels.get(names::LABEL_GROUP).and_then(|g| g.parse::<u32>().ok());
         let stale =
             group.is_some_and(|g| g >= job.spec.workers.groups || job.spec.workers.backend != Backend::Mpi);
         if stale {
-            delete(&config_maps, &cm.name_any(), "ConfigMap", &DeleteParams::default()).await?;
+            delete(&config_maps, &cm_name, "ConfigMap", &DeleteParams::default()).await?;
         }
     }
     Ok(())
+}
+
+/// Whether `labels` match [`names::job_selector`] of job `name`.
+fn is_child_of(labels: &std::collections::BTreeMap<String, String>, name: &str) -> bool {
+    labels.get(names::LABEL_JOB).is_some_and(|j| j == name)
+        && labels.get(names::LABEL_MANAGED_BY).is_some_and(|m| m == names::FIELD_MANAGER)
+}
+
+/// The job's pods: from the pod cache, or listed when there is none.
+async fn job_pods(job: &TrainingJob, ctx: &Context) -> Result<Vec<Pod>, Error> {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    if let Some(caches) = ctx.caches() {
+        caches.ready().await;
+        let mut pods: Vec<Pod> = caches
+            .pods
+            .state()
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && is_child_of(p.labels(), &name))
+            .map(|p| Pod::clone(p))
+            .collect();
+        pods.sort_by_key(ResourceExt::name_any);
+        return Ok(pods);
+    }
+    Ok(Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&names::job_selector(&name)))
+        .await
+        .map_err(|source| Error::Read { what: format!("pods of {name}"), source })?
+        .items)
 }
 
 async fn delete<K>(api: &Api<K>, name: &str, kind: &str, params: &DeleteParams) -> Result<(), Error>
@@ -435,23 +599,31 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
         return reject(job, ctx, &e).await;
     }
     let ns = job.namespace().unwrap_or_default();
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default().labels(&names::job_selector(&name)))
-        .await
-        .map_err(|source| Error::Read { what: format!("pods of {name}"), source })?
-        .items;
+    let pods = job_pods(job, ctx).await?;
     let lost = lost_nodes(ctx, &pods).await;
     let mut plan =
         plan::decide(job, &Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now() }, &ctx.settings);
-    read_progress(job, ctx, &pods, &mut plan.status).await;
-    if plan.status.phase == Some(JobPhase::Running) {
-        plan.requeue_after = plan.requeue_after.min(progress::POLL_EVERY);
+    let has_ps = job.spec.parameter_servers.replicas > 0;
+    if has_ps {
+        read_progress(job, ctx, &pods, &mut plan.status).await;
+    } else {
+        ctx.tokens.forget(job);
+    }
+    if has_ps && plan.status.phase == Some(JobPhase::Running) {
+        plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
     }
 
     if plan.ensure_children {
         ensure_children(job, ctx).await?;
     }
     sync_pod_group(job, ctx, plan.want_pod_group).await?;
+    // Without a restart the plan raises no attempt, so pods may come first: a crash before the
+    // status write makes the next reconcile decide the same again. A restart writes the raised
+    // attempts first, so that the old pods are stale should the reconcile stop half-way.
+    let pods_first = plan.restarted.is_empty();
+    if pods_first {
+        execute(job, ctx, &plan).await?;
+    }
     if job.status.as_ref() != Some(&plan.status) {
         write_status(job, ctx, &plan.status).await?;
     }
@@ -461,7 +633,9 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     for role in &plan.restarted {
         ctx.metrics.restarts.get_or_create(&RoleLabel { role: role.name().to_owned() }).inc();
     }
-    execute(job, ctx, &plan).await?;
+    if !pods_first {
+        execute(job, ctx, &plan).await?;
+    }
     if plan.delete_job {
         tracing::info!(job = %name, "deleting finished job: ttlSecondsAfterFinished expired");
         let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), &ns);
@@ -518,16 +692,46 @@ impl std::fmt::Debug for Prepared {
 
 impl Prepared {
     /// Sets up the watches on TrainingJobs, their pods and their ConfigMaps.
+    /// Sets up the watches on TrainingJobs and their pods, ConfigMaps and Services, whose
+    /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once.
     pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
         let owned = watcher::Config::default().labels(&format!(
             "{}={}",
             names::LABEL_MANAGED_BY,
             names::FIELD_MANAGER
         ));
+        let (pods, pods_writer) = reflector::store::<Pod>();
+        let pod_stream = watcher(api_for::<Pod>(&ctx.client, scope), owned.clone())
+            .default_backoff()
+            .modify(|pod| {
+                pod.managed_fields_mut().clear();
+            })
+            .reflect(pods_writer)
+            .touched_objects();
+        let (config_maps, config_maps_writer) = reflector::store::<PartialObjectMeta<ConfigMap>>();
+        let config_map_stream =
+            watcher(api_for::<PartialObjectMeta<ConfigMap>>(&ctx.client, scope), owned.clone())
+                .default_backoff()
+                .modify(|cm| {
+                    cm.managed_fields_mut().clear();
+                })
+                .reflect(config_maps_writer)
+                .touched_objects();
+        let (services, services_writer) = reflector::store::<PartialObjectMeta<Service>>();
+        let service_stream = watcher(api_for::<PartialObjectMeta<Service>>(&ctx.client, scope), owned)
+            .default_backoff()
+            .modify(|svc| {
+                svc.managed_fields_mut().clear();
+            })
+            .reflect(services_writer)
+            .touched_objects();
+        let _ = ctx.caches.set(Caches { pods, config_maps, services });
         let controller =
             Controller::new(api_for::<TrainingJob>(&ctx.client, scope), watcher::Config::default())
-                .owns(api_for::<Pod>(&ctx.client, scope), owned.clone())
-                .owns(api_for::<ConfigMap>(&ctx.client, scope), owned);
+                .with_config(runtime_controller::Config::default().concurrency(ctx.concurrency))
+                .owns_stream(pod_stream)
+                .owns_stream(config_map_stream)
+                .owns_stream(service_stream);
         Self { controller, ctx }
     }
 

@@ -49,6 +49,14 @@ struct Args {
     /// Seconds between reconciles of a job with nothing pending.
     #[arg(long, default_value_t = 300)]
     resync: u64,
+    /// Most reconciles in flight at once (0: unbounded); bounds the operator's load on the API
+    /// server.
+    #[arg(long, env = "TANDEM_CONCURRENCY", default_value_t = tandem_operator::controller::DEFAULT_CONCURRENCY)]
+    concurrency: u16,
+    /// Seconds between reads of a Running job's progress from its PS replica 0 (jobs without a
+    /// parameter server are not polled).
+    #[arg(long, default_value_t = 10)]
+    progress_every: u64,
 }
 
 fn init_logging(format: &str) {
@@ -106,7 +114,10 @@ async fn main() -> anyhow::Result<()> {
         force_delete_after: Duration::from_secs(args.force_delete_after),
         resync: Duration::from_secs(args.resync.max(1)),
     };
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), settings, Some(identity.clone())));
+    let mut ctx = Context::new(client.clone(), metrics.clone(), settings, Some(identity.clone()));
+    ctx.concurrency = args.concurrency;
+    ctx.progress_every = Duration::from_secs(args.progress_every.max(1));
+    let ctx = Arc::new(ctx);
     let prepared = Prepared::new(ctx, &Scope { namespace: args.namespace.clone() });
     let refresh_store = prepared.store();
     let refresh_metrics = metrics.clone();

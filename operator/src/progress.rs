@@ -25,7 +25,8 @@ use tandem_api::{Role, TrainingJob};
 
 use crate::names;
 
-/// How often the progress of a Running job is read (at most; the resync may be shorter).
+/// Default of how often the progress of a Running job with a parameter server is read (at most;
+/// the resync may be shorter); `--progress-every` of the operator.
 pub const POLL_EVERY: Duration = Duration::from_secs(10);
 /// Time one fetch may take, connection included.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
@@ -156,6 +157,13 @@ impl Tokens {
             m.insert(uid, token.clone());
         }
         Ok(Some(token))
+    }
+
+    /// Remembers the token of `job` (the operator just created its Secret).
+    pub fn remember(&self, job: &TrainingJob, token: &str) {
+        if let Ok(mut m) = self.by_uid.lock() {
+            m.insert(job.uid().unwrap_or_default(), token.to_owned());
+        }
     }
 
     /// Forgets the token of `job` (after it was refused, or when the job is gone).
