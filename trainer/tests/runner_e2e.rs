@@ -6,113 +6,64 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
+mod runner_support;
 
+use std::io::{BufRead, BufReader, Lines};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Stdio};
+
+use runner_support::{Run, example, manifest, one_job_at_a_time, processes_of, set, train, train_command};
 use tandem_api::contract::JobConfig;
 
-static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+/// A fresh folder (kept while the returned `TempDir` lives) holding the hybrid example with `edit`
+/// applied to its manifest; returns the folder, the job's output folder in it and the manifest.
+fn hybrid_job(edit: impl FnOnce(&mut serde_yaml::Value)) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", edit);
+    (tmp, out, file)
 }
 
-fn data_dir() -> PathBuf {
-    let dir = repo().join("data");
-    assert!(
-        dir.join("mnist_5k.csv.gz").exists(),
-        "{} has no mnist_5k.csv.gz; run `make data` first",
-        dir.display()
-    );
-    dir
+/// Runs [`hybrid_job`] with `extra` arguments to its end; returns the folder, the output folder and
+/// the run.
+fn run_hybrid(
+    edit: impl FnOnce(&mut serde_yaml::Value),
+    extra: &[&str],
+) -> (tempfile::TempDir, PathBuf, Run) {
+    let (tmp, out, file) = hybrid_job(edit);
+    let run = train(&file, &out, extra);
+    (tmp, out, run)
 }
 
-/// The example manifest with `edit` applied to its YAML, written into `dir`.
-fn manifest(dir: &Path, example: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("examples").join(example)).unwrap();
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    edit(&mut doc);
-    let path = dir.join(example);
-    std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
-    path
+/// Runs the hybrid example with a 1-second restart backoff under `--chaos <chaos>`.
+fn run_hybrid_under_chaos(chaos: &str) -> (tempfile::TempDir, PathBuf, Run) {
+    run_hybrid(|doc| set(doc, &["spec", "runPolicy", "backoffSeconds"], 1.into()), &["--chaos", chaos])
 }
 
-fn set(doc: &mut serde_yaml::Value, path: &[&str], value: serde_yaml::Value) {
-    let mut at = doc;
-    for key in &path[..path.len() - 1] {
-        at = at.get_mut(*key).unwrap_or_else(|| panic!("no {key} in the manifest"));
-    }
-    at[path[path.len() - 1]] = value;
+/// A job of the hybrid example set to 100,000 steps, started in the background and read until its
+/// workers train (their first progress line).
+struct EndlessJob {
+    child: Child,
+    out: PathBuf,
+    /// The rest of its stdout, kept open: the runner goes on writing progress lines.
+    _lines: Lines<BufReader<ChildStdout>>,
+    _tmp: tempfile::TempDir,
 }
 
-struct Run {
-    success: bool,
-    events: Vec<serde_json::Value>,
-    stderr: String,
-}
-
-impl Run {
-    fn finished(&self) -> &serde_json::Value {
-        let last = self.events.last().unwrap_or_else(|| panic!("no events; stderr:\n{}", self.stderr));
-        assert_eq!(
-            last["event"], "finished",
-            "the last line is the finished event; stderr:\n{}",
-            self.stderr
-        );
-        last
-    }
-    fn of(&self, kind: &str) -> Vec<&serde_json::Value> {
-        self.events.iter().filter(|e| e["event"] == kind).collect()
-    }
-}
-
-fn train(manifest: &Path, out: &Path, extra: &[&str]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["train", "--output", "json", "--device", "cpu", "-f"])
-        .arg(manifest)
-        .arg("--output-dir")
-        .arg(out)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .args(extra)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let events = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON: {e}")))
-        .collect();
-    Run {
-        success: output.status.success(),
-        events,
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-/// Processes still running whose launch contract points at `out` (children of a runner).
-fn processes_of(out: &Path) -> Vec<String> {
-    let needle = format!("TANDEM_OUTPUT={}", out.display());
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            // Zombies of the finished test process are not running.
-            if !stat.contains(") Z ") {
-                found.push(entry.file_name().to_string_lossy().into_owned());
-            }
-        }
-    }
-    found
+fn start_endless_job(stderr: Stdio) -> EndlessJob {
+    let (tmp, out, file) = hybrid_job(|doc| set(doc, &["spec", "training", "steps"], 100_000.into()));
+    let mut child = train_command(&file, &out).stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("\"progress\""))), "the job never reported progress");
+    EndlessJob { child, out, _lines: lines, _tmp: tmp }
 }
 
 #[test]
 fn mnist_hybrid_trains_to_the_target_through_the_launch_contract() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_job_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let run = train(&repo().join("examples/mnist-hybrid.yaml"), &out, &[]);
+    let run = train(&example("mnist-hybrid.yaml"), &out, &[]);
     assert!(run.success, "stderr:\n{}", run.stderr);
     let done = run.finished();
     assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
@@ -142,13 +93,8 @@ fn mnist_hybrid_trains_to_the_target_through_the_launch_contract() {
 
 #[test]
 fn a_killed_worker_restarts_only_its_group_and_the_job_meets_the_target() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
-        set(doc, &["spec", "runPolicy", "backoffSeconds"], 1.into())
-    });
-    let run = train(&file, &out, &["--chaos", "kill:worker:1:1@200"]);
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid_under_chaos("kill:worker:1:1@200");
     assert!(run.success, "stderr:\n{}", run.stderr);
     let chaos = run.of("chaos");
     assert_eq!(chaos.len(), 1);
@@ -179,15 +125,15 @@ fn a_killed_worker_restarts_only_its_group_and_the_job_meets_the_target() {
 
 #[test]
 fn an_mpi_backend_job_runs_each_group_under_mpirun_and_completes() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
-        set(doc, &["spec", "workers", "backend"], "mpi".into());
-        set(doc, &["spec", "training", "steps"], 120.into());
-        set(doc, &["spec", "training", "evalEverySteps"], 60.into());
-    });
-    let run = train(&file, &out, &[]);
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid(
+        |doc| {
+            set(doc, &["spec", "workers", "backend"], "mpi".into());
+            set(doc, &["spec", "training", "steps"], 120.into());
+            set(doc, &["spec", "training", "evalEverySteps"], 60.into());
+        },
+        &[],
+    );
     assert!(run.success, "stderr:\n{}", run.stderr);
     let done = run.finished();
     assert_eq!(done["steps"], 120, "{done}");
@@ -218,13 +164,8 @@ fn an_mpi_backend_job_runs_each_group_under_mpirun_and_completes() {
 
 #[test]
 fn a_killed_ps_resumes_from_its_checkpoint_and_the_job_completes() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
-        set(doc, &["spec", "runPolicy", "backoffSeconds"], 1.into())
-    });
-    let run = train(&file, &out, &["--chaos", "kill:ps:0@200"]);
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid_under_chaos("kill:ps:0@200");
     assert!(run.success, "stderr:\n{}", run.stderr);
     let restarts = run.of("restart");
     let ps: Vec<_> = restarts.iter().filter(|r| r["role"] == "ps").collect();
@@ -240,13 +181,11 @@ fn a_killed_ps_resumes_from_its_checkpoint_and_the_job_completes() {
 
 #[test]
 fn past_max_restarts_the_job_fails_naming_the_process_and_leaves_no_process() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
-        set(doc, &["spec", "runPolicy", "maxRestarts"], 0.into())
-    });
-    let run = train(&file, &out, &["--chaos", "kill:worker:0:1@100"]);
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid(
+        |doc| set(doc, &["spec", "runPolicy", "maxRestarts"], 0.into()),
+        &["--chaos", "kill:worker:0:1@100"],
+    );
     assert!(!run.success, "the job must fail");
     assert!(run.of("finished").is_empty());
     assert!(run.stderr.contains("worker 0/1 was killed by signal 9"), "{}", run.stderr);
@@ -256,72 +195,34 @@ fn past_max_restarts_the_job_fails_naming_the_process_and_leaves_no_process() {
 
 #[test]
 fn sigint_stops_every_child() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
-        set(doc, &["spec", "training", "steps"], 100_000.into())
-    });
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["train", "--output", "json", "--device", "cpu", "-f"])
-        .arg(&file)
-        .arg("--output-dir")
-        .arg(&out)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until the workers train (their first progress line), then press Ctrl-C.
-    use std::io::BufRead;
-    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut lines = stdout.lines();
-    let first = lines.find(|l| l.as_ref().is_ok_and(|l| l.contains("\"progress\"")));
-    assert!(first.is_some(), "the job never reported progress");
-    assert!(!processes_of(&out).is_empty());
+    let _one = one_job_at_a_time();
+    // Once the workers train, press Ctrl-C.
+    let mut job = start_endless_job(Stdio::piped());
+    assert!(!processes_of(&job.out).is_empty());
     // SAFETY: kill(2) with our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait().unwrap();
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    let status = job.child.wait().unwrap();
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(&mut job.child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(!status.success());
     assert!(stderr.contains("interrupted"), "{stderr}");
-    assert!(processes_of(&out).is_empty(), "no child outlives the runner");
+    assert!(processes_of(&job.out).is_empty(), "no child outlives the runner");
 }
 
 #[test]
 fn a_killed_runner_takes_its_children_with_it() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let file = manifest(tmp.path(), "mnist-hybrid.yaml", |doc| {
-        set(doc, &["spec", "training", "steps"], 100_000.into())
-    });
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["train", "--output", "json", "--device", "cpu", "-f"])
-        .arg(&file)
-        .arg("--output-dir")
-        .arg(&out)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("\"progress\""))), "the job never reported progress");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let _one = one_job_at_a_time();
+    let mut job = start_endless_job(Stdio::null());
+    job.child.kill().unwrap();
+    job.child.wait().unwrap();
     // The kernel delivers the children's parent-death signal as the runner dies; wait for them to go.
-    let mut left = processes_of(&out);
+    let mut left = processes_of(&job.out);
     for _ in 0..600 {
         if left.is_empty() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
-        left = processes_of(&out);
+        left = processes_of(&job.out);
     }
     assert!(left.is_empty(), "children outlived a SIGKILLed runner: {left:?}");
 }

@@ -8,57 +8,19 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Mutex;
+mod runner_support;
 
+use std::path::Path;
+
+use runner_support::{Run, example, manifest_as, one_job_at_a_time, train};
 use tandem::checkpoint::{self, Checkpoint};
 
-static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn data_dir() -> PathBuf {
-    let dir = repo().join("data");
-    assert!(
-        dir.join("mnist_5k.csv.gz").exists(),
-        "{} has no mnist_5k.csv.gz; run `make data` first",
-        dir.display()
-    );
-    dir
-}
-
-/// The allreduce example with `edit` applied to its YAML, written into `dir` as `name`.
-fn manifest(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("examples/mnist-allreduce.yaml")).unwrap();
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    edit(&mut doc);
-    let path = dir.join(name);
-    std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
-    path
-}
-
-/// `tandem train --output json`; returns its events, asserting success.
-fn train(manifest: &Path, out: &Path) -> Vec<serde_json::Value> {
-    let output = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["train", "--output", "json", "--device", "cpu", "-f"])
-        .arg(manifest)
-        .arg("--output-dir")
-        .arg(out)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "tandem train {} failed:\n{stderr}", manifest.display());
-    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?} is not JSON: {e}")))
-        .collect();
-    assert_eq!(events.last().map(|e| &e["event"]), Some(&"finished".into()), "stderr:\n{stderr}");
-    events
+/// `tandem train --output json`, asserting that it succeeded and ended with the finished event.
+fn train_ok(manifest: &Path, out: &Path) -> Run {
+    let run = train(manifest, out, &[]);
+    assert!(run.success, "tandem train {} failed:\n{}", manifest.display(), run.stderr);
+    run.finished();
+    run
 }
 
 const STEPS: u64 = 30;
@@ -66,7 +28,7 @@ const STEPS: u64 = 30;
 /// The model and optimizer state after `STEPS` steps of the allreduce example with `groupSize`
 /// ranks of `batch` samples each over `backend`.
 fn final_state(dir: &Path, name: &str, group_size: u32, batch: u32, backend: &str) -> Checkpoint {
-    let file = manifest(dir, &format!("{name}.yaml"), |doc| {
+    let file = manifest_as(dir, "mnist-allreduce.yaml", &format!("{name}.yaml"), |doc| {
         let spec = &mut doc["spec"];
         spec["data"]["batchSize"] = batch.into();
         spec["training"]["steps"] = STEPS.into();
@@ -76,8 +38,8 @@ fn final_state(dir: &Path, name: &str, group_size: u32, batch: u32, backend: &st
         spec["workers"]["backend"] = backend.into();
     });
     let out = dir.join(name);
-    let events = train(&file, &out);
-    let done = events.last().unwrap();
+    let run = train_ok(&file, &out);
+    let done = run.finished();
     assert_eq!(done["steps"], STEPS, "{done}");
     let path = checkpoint::latest(&out.join("checkpoints")).unwrap().expect("the run wrote its final model");
     assert!(path.ends_with(checkpoint::step_path(Path::new(""), STEPS)), "{}", path.display());
@@ -101,7 +63,7 @@ fn max_difference(a: &Checkpoint, b: &Checkpoint) -> (f32, f32) {
 }
 
 fn assert_batch_equivalent(backend: &str) {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_job_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let single = final_state(tmp.path(), "single", 1, 128, "tcp");
     let group = final_state(tmp.path(), "group", 4, 32, backend);
@@ -130,17 +92,13 @@ fn a_group_of_4_over_mpi_trains_like_one_process_with_the_4x_batch() {
 
 #[test]
 fn the_allreduce_example_reaches_the_target_accuracy() {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_job_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
-    let events = train(&repo().join("examples/mnist-allreduce.yaml"), &tmp.path().join("out"));
-    let done = events.last().unwrap();
+    let run = train_ok(&example("mnist-allreduce.yaml"), &tmp.path().join("out"));
+    let done = run.finished();
     assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
     assert_eq!(done["steps"], 600, "{done}");
-    assert_eq!(
-        events.iter().filter(|e| e["event"] == "started").map(|e| &e["processes"]).next(),
-        Some(&4.into())
-    );
-    let steps: Vec<u64> =
-        events.iter().filter(|e| e["event"] == "progress").filter_map(|e| e["group_step"].as_u64()).collect();
+    assert_eq!(run.of("started").iter().map(|e| &e["processes"]).next(), Some(&4.into()));
+    let steps: Vec<u64> = run.of("progress").iter().filter_map(|e| e["group_step"].as_u64()).collect();
     assert!(steps.windows(2).all(|w| w[0] < w[1]) && steps.len() >= 60, "a line every 10 steps: {steps:?}");
 }

@@ -46,9 +46,19 @@ pub fn example_yaml(name: &str) -> serde_yaml::Value {
 
 /// The example manifest with `edit` applied to its YAML, written into `dir`.
 pub fn manifest(dir: &Path, example: &str, edit: impl FnOnce(&mut serde_yaml::Value)) -> PathBuf {
+    manifest_as(dir, example, example, edit)
+}
+
+/// The example manifest with `edit` applied to its YAML, written into `dir` as `name`.
+pub fn manifest_as(
+    dir: &Path,
+    example: &str,
+    name: &str,
+    edit: impl FnOnce(&mut serde_yaml::Value),
+) -> PathBuf {
     let mut doc = example_yaml(example);
     edit(&mut doc);
-    let path = dir.join(example);
+    let path = dir.join(name);
     std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
     path
 }
@@ -92,19 +102,23 @@ impl Run {
     }
 }
 
-/// Runs `tandem train --output json --device cpu -f <manifest> --output-dir <out>` plus `extra`.
-pub fn train(manifest: &Path, out: &Path, extra: &[&str]) -> Run {
-    let started = std::time::Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["train", "--output", "json", "--device", "cpu", "-f"])
+/// The command `tandem train --output json --device cpu -f <manifest> --output-dir <out>
+/// --data-dir data/`, not started.
+pub fn train_command(manifest: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    cmd.args(["train", "--output", "json", "--device", "cpu", "-f"])
         .arg(manifest)
         .arg("--output-dir")
         .arg(out)
         .arg("--data-dir")
-        .arg(data_dir())
-        .args(extra)
-        .output()
-        .unwrap();
+        .arg(data_dir());
+    cmd
+}
+
+/// Runs [`train_command`] plus `extra` to its end.
+pub fn train(manifest: &Path, out: &Path, extra: &[&str]) -> Run {
+    let started = std::time::Instant::now();
+    let output = train_command(manifest, out).args(extra).output().unwrap();
     let wall = started.elapsed();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let events = stdout
