@@ -9,9 +9,9 @@
 //! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
 //! from its clock on joining (the shards' update count, which every member group has reached,
 //! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
-//! count one group's steps, from the furthest step the group reported before it failed (lost when
-//! the PS itself restarted, in which case the group runs the full count again). Rank 0's value is
-//! broadcast, so every rank of the group agrees.
+//! count one group's steps, from the furthest step the group reported before it failed (kept in
+//! PS checkpoints too, up to the checkpoint's version, so it survives a PS restart). Rank 0's value
+//! is broadcast, so every rank of the group agrees.
 //!
 //! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
 //! ([`crate::comm::block_range`]):
