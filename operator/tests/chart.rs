@@ -6,9 +6,8 @@
 #![cfg(feature = "cluster-tests")]
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -25,34 +24,11 @@ use tandem_operator::{Context, Prepared, Scope, Settings, names};
 use tandem_testkit::{TestCluster, parse_manifests};
 use tokio::sync::watch;
 
+mod support;
+use support::{capture_logs, denied, helm};
+
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem");
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Everything the in-process operator logs, to find requests the API server denied.
-static LOG: Mutex<String> = Mutex::new(String::new());
-
-struct LogWriter;
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap_or_else(PoisonError::into_inner).push_str(&String::from_utf8_lossy(buf));
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The logged lines in which the API server denied `user` a request.
-fn denied(user: &str) -> Vec<String> {
-    let log = LOG.lock().unwrap_or_else(PoisonError::into_inner);
-    log.lines().filter(|l| l.contains(user) && l.contains("forbidden")).map(str::to_owned).collect()
-}
-
-fn helm() -> PathBuf {
-    std::env::var_os("TANDEM_K8S_BIN").map_or_else(|| "helm".into(), |bin| PathBuf::from(bin).join("helm"))
-}
 
 /// Runs helm with `args`, failing the test with its output when it fails.
 fn run_helm(args: &[&str]) -> String {
@@ -117,11 +93,7 @@ spec:
 
 #[tokio::test]
 async fn helm_install_and_the_operator_as_its_service_account() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("tandem_operator=debug,kube_runtime=warn"))
-        .with_ansi(false)
-        .with_writer(|| LogWriter)
-        .try_init();
+    capture_logs();
     let cluster = TestCluster::connect().await.expect("control plane up (make cluster-up, KUBECONFIG set)");
     // The CRD may already be there from other tests; helm then skips the chart's crds/.
     cluster.install_crds(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds")).await.unwrap();

@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
@@ -22,50 +22,13 @@ use tandem_operator::{Context, Prepared, Scope, Settings, names};
 use tandem_testkit::{TestCluster, TestNamespace, parse_manifests};
 use tokio::sync::watch;
 
+mod support;
+use support::{LOG, capture_logs, denied, helm};
+
 /// Generous: two busy cores run the control plane, the operator and the test.
 const WAIT: Duration = Duration::from_secs(60);
 const SA: &str = "tandem-operator";
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem");
-
-/// Everything the operator logs in this test process (it runs in-process, at debug level), so that
-/// a request the API server denied (403) fails the test that caused it.
-static LOG: Mutex<String> = Mutex::new(String::new());
-
-struct LogWriter;
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap_or_else(PoisonError::into_inner).push_str(&String::from_utf8_lossy(buf));
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() {
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("tandem_operator=debug,kube_runtime=warn"))
-            .with_ansi(false)
-            .with_writer(|| LogWriter)
-            .try_init();
-    });
-}
-
-/// The logged lines in which the API server denied `user` a request.
-fn denied(user: &str) -> Vec<String> {
-    let log = LOG.lock().unwrap_or_else(PoisonError::into_inner);
-    log.lines().filter(|l| l.contains(user) && l.contains("forbidden")).map(str::to_owned).collect()
-}
-
-/// `helm` of the pinned version (`$TANDEM_K8S_BIN`, as `make test-cluster` sets it), else from PATH.
-fn helm() -> std::path::PathBuf {
-    std::env::var_os("TANDEM_K8S_BIN")
-        .map_or_else(|| "helm".into(), |bin| std::path::Path::new(&bin).join("helm"))
-}
 
 /// The chart's ServiceAccount (named [`SA`]), ClusterRole, ClusterRoleBinding and leader-election
 /// Role and RoleBinding for a release `release` in `namespace`, as `helm install` would create them.
