@@ -31,14 +31,21 @@ fn free_ports(n: usize) -> Vec<u16> {
     listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
+/// A token file holding `content`: one file per token (not per call), so runs leave no pile of
+/// files behind; written under a temporary name and renamed, so a rank never reads half a token.
 fn token_file(content: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "tandem-comm-test-{}-{}.token",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::SeqCst)
-    ));
-    std::fs::write(&path, content).unwrap();
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("tandem-comm-test-{content}.token"));
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(content) {
+        let tmp = dir.join(format!(
+            "tandem-comm-test-{}-{}.tmp",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
     path
 }
 
