@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 
 use ps_common::{Job, TOKEN};
 use tandem::ps::wire::Progress;
-use tandem_api::contract::{LaunchEnv, PsStatus, Role, env};
+use tandem_api::contract::{PsStatus, env};
 
 /// A child process killed when dropped.
 struct Running(Child);
@@ -31,14 +31,7 @@ struct Ps {
 }
 
 fn spawn_ps_with_status(job: &Job) -> Ps {
-    let launch = LaunchEnv {
-        role: Role::Ps { index: 0 },
-        config: job.dir.path().join("job.json"),
-        token_file: job.dir.path().join("token"),
-        bind: "127.0.0.1".into(),
-        output: job.output(),
-        attempt: 0,
-    };
+    let launch = job.ps_launch(0);
     let log = job.dir.path().join("ps-status.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args(["ps", "--port", "0", "--hello-timeout", "5"])
@@ -151,14 +144,7 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
 fn status_port_off_serves_no_endpoint_and_bad_values_are_refused() {
     let job = Job::new("ps-async", 0, 1, 0);
     let run = |value: &str| {
-        let launch = LaunchEnv {
-            role: Role::Ps { index: 0 },
-            config: job.dir.path().join("job.json"),
-            token_file: job.dir.path().join("token"),
-            bind: "127.0.0.1".into(),
-            output: job.output(),
-            attempt: 0,
-        };
+        let launch = job.ps_launch(0);
         Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["ps", "--port", "0"])
             .envs(launch.to_vars())

@@ -59,16 +59,21 @@ impl Job {
         self.dir.path().join("out")
     }
 
-    /// Starts `tandem ps` for shard `index` on `port` (0: any) and waits until it listens.
-    pub fn spawn_ps(&self, index: u32, port: u16) -> PsProcess {
-        let env = LaunchEnv {
+    /// The launch contract of PS shard `index` of this job, bound to 127.0.0.1.
+    pub fn ps_launch(&self, index: u32) -> LaunchEnv {
+        LaunchEnv {
             role: Role::Ps { index },
             config: self.dir.path().join("job.json"),
             token_file: self.dir.path().join("token"),
             bind: "127.0.0.1".into(),
             output: self.output(),
             attempt: 0,
-        };
+        }
+    }
+
+    /// Starts `tandem ps` for shard `index` on `port` (0: any) and waits until it listens.
+    pub fn spawn_ps(&self, index: u32, port: u16) -> PsProcess {
+        let env = self.ps_launch(index);
         let log = self.dir.path().join(format!("ps-{index}-{}.log", Instant::now().elapsed().as_nanos()));
         let log = unique(log);
         let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
