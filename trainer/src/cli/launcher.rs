@@ -19,6 +19,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, bail};
+use tandem::runner::policy::Exit;
 use tandem_api::contract::{Role, env};
 
 /// OpenMPI's hostfile variables (ORTE for OpenMPI 4, PRRTE for 5); the operator sets both.
@@ -113,20 +114,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     cmd.arg(&exe).arg("worker").args(&args.worker_args);
 
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires: mpirun
-        // is stopped should the launcher die without passing a signal on.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    // mpirun is stopped should the launcher die without passing a signal on.
+    tandem::runner::die_with_parent(&mut cmd, libc::SIGTERM);
     tracing::info!(group, ranks = size, "starting {:?}", cmd);
     let mut child = match cmd.spawn() {
         Ok(child) => child,
@@ -145,12 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let status = child.wait().context("waiting for mpirun")?;
     MPIRUN_PID.store(0, Ordering::SeqCst);
-    use std::os::unix::process::ExitStatusExt;
-    let code = match (status.code(), status.signal()) {
-        (Some(code), _) => code,
-        (None, Some(signal)) => 128 + signal,
-        (None, None) => 1,
-    };
+    let code = Exit::from_status(status).shell_code();
     if code != 0 {
         tracing::error!(group, code, "mpirun of group {group} ended with exit code {code}");
     }

@@ -382,17 +382,8 @@ impl Launcher<'_> {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .process_group(0);
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires. It makes
-        // the kernel kill the child if the runner dies without cleaning up (e.g. SIGKILL).
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The kernel kills the child if the runner dies without cleaning up (e.g. SIGKILL).
+        die_with_parent(&mut cmd, libc::SIGKILL);
         let mut child = cmd.spawn().map_err(io(format!(
             "starting {role} ({}); is it installed and executable?",
             cmd.get_program().to_string_lossy()
@@ -454,6 +445,26 @@ struct UnitState {
     failing: Option<(Instant, Vec<Failure>)>,
     start_at: Option<Instant>,
     done: bool,
+}
+
+/// Makes the kernel send `signal` to the process `cmd` starts when the process that started it
+/// dies (Linux `PR_SET_PDEATHSIG`; nothing elsewhere), so no child outlives a killed parent.
+pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (cmd, signal);
 }
 
 /// Runs the job to the end; `on_event` sees every [`Event`], the last one `Finished`.

@@ -44,6 +44,14 @@ impl Exit {
         }
     }
 
+    /// The code a shell reports for it: the exit code, or 128 + the signal that killed it.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            Exit::Code(code) => code,
+            Exit::Signal(signal) => 128 + signal,
+        }
+    }
+
     /// Whether it exited cleanly.
     pub fn success(self) -> bool {
         self == Exit::Code(0)
