@@ -251,8 +251,9 @@ impl Trainer {
             "algorithm": t.algorithm,
             "seed": t.seed,
             "total_steps": total_steps,
+            // Not the rank: the ranks of an allreduce group share one state, and rank 0's
+            // checkpoint resumes all of them.
             "world": world,
-            "rank": rank,
         });
         Ok(Self {
             grads: vec![0.0; params.len()],
@@ -410,7 +411,16 @@ impl Trainer {
 
     /// Restores the state from the checkpoint at `path`, refusing one of another job.
     pub fn resume(&mut self, update: &mut dyn GradientStep, path: &Path) -> Result<(), TrainError> {
-        let ckpt = Checkpoint::read(path)?;
+        self.restore(update, path, &Checkpoint::read(path)?)
+    }
+
+    /// Restores the state from `ckpt`, read from `path`, refusing one of another job.
+    pub fn restore(
+        &mut self,
+        update: &mut dyn GradientStep,
+        path: &Path,
+        ckpt: &Checkpoint,
+    ) -> Result<(), TrainError> {
         ckpt.expect(path, WORKER_CHECKPOINT, &self.config_hash)?;
         let mismatch = |reason: String| CheckpointError::Mismatch { path: path.to_owned(), reason };
         let mut params = vec![0.0; self.params.len()];

@@ -10,7 +10,7 @@
 
 mod runner_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use runner_support::{Run, example, manifest_as, one_job_at_a_time, train};
 use tandem::checkpoint::{self, Checkpoint};
@@ -25,25 +25,46 @@ fn train_ok(manifest: &Path, out: &Path) -> Run {
 
 const STEPS: u64 = 30;
 
+/// The allreduce example as `<dir>/<name>.yaml` with `groupSize` ranks of `batch` samples each over
+/// `backend`, `steps` steps, a checkpoint every `every` steps, no evaluation and a 1-second restart
+/// backoff.
+fn allreduce_job(
+    dir: &Path,
+    name: &str,
+    group_size: u32,
+    batch: u32,
+    backend: &str,
+    steps: u64,
+    every: u64,
+) -> PathBuf {
+    manifest_as(dir, "mnist-allreduce.yaml", &format!("{name}.yaml"), |doc| {
+        let spec = &mut doc["spec"];
+        spec["data"]["batchSize"] = batch.into();
+        spec["training"]["steps"] = steps.into();
+        spec["training"]["evalEverySteps"] = 0.into();
+        spec["training"]["checkpoint"] = serde_yaml::from_str(&format!("{{everySteps: {every}}}")).unwrap();
+        spec["workers"]["groupSize"] = group_size.into();
+        spec["workers"]["backend"] = backend.into();
+        spec["runPolicy"] = serde_yaml::from_str("{backoffSeconds: 1}").unwrap();
+    })
+}
+
+/// The final checkpoint in `out` of a run that ended at `steps`.
+fn final_checkpoint(out: &Path, steps: u64) -> Checkpoint {
+    let path = checkpoint::latest(&out.join("checkpoints")).unwrap().expect("the run wrote its final model");
+    assert!(path.ends_with(checkpoint::step_path(Path::new(""), steps)), "{}", path.display());
+    Checkpoint::read(&path).unwrap()
+}
+
 /// The model and optimizer state after `STEPS` steps of the allreduce example with `groupSize`
 /// ranks of `batch` samples each over `backend`.
 fn final_state(dir: &Path, name: &str, group_size: u32, batch: u32, backend: &str) -> Checkpoint {
-    let file = manifest_as(dir, "mnist-allreduce.yaml", &format!("{name}.yaml"), |doc| {
-        let spec = &mut doc["spec"];
-        spec["data"]["batchSize"] = batch.into();
-        spec["training"]["steps"] = STEPS.into();
-        spec["training"]["evalEverySteps"] = 0.into();
-        spec["training"]["checkpoint"] = serde_yaml::from_str(&format!("{{everySteps: {STEPS}}}")).unwrap();
-        spec["workers"]["groupSize"] = group_size.into();
-        spec["workers"]["backend"] = backend.into();
-    });
+    let file = allreduce_job(dir, name, group_size, batch, backend, STEPS, STEPS);
     let out = dir.join(name);
     let run = train_ok(&file, &out);
     let done = run.finished();
     assert_eq!(done["steps"], STEPS, "{done}");
-    let path = checkpoint::latest(&out.join("checkpoints")).unwrap().expect("the run wrote its final model");
-    assert!(path.ends_with(checkpoint::step_path(Path::new(""), STEPS)), "{}", path.display());
-    Checkpoint::read(&path).unwrap()
+    final_checkpoint(&out, STEPS)
 }
 
 /// Largest |a − b| over every tensor the two checkpoints share; asserts they share the model's.
@@ -101,4 +122,49 @@ fn the_allreduce_example_reaches_the_target_accuracy() {
     assert_eq!(run.of("started").iter().map(|e| &e["processes"]).next(), Some(&4.into()));
     let steps: Vec<u64> = run.of("progress").iter().filter_map(|e| e["group_step"].as_u64()).collect();
     assert!(steps.windows(2).all(|w| w[0] < w[1]) && steps.len() >= 60, "a line every 10 steps: {steps:?}");
+}
+
+#[test]
+fn a_killed_rank_restarts_the_group_from_its_checkpoint_and_ends_with_the_uninterrupted_model() {
+    let _one = one_job_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let (steps, every) = (60, 10);
+    let file = allreduce_job(tmp.path(), "job", 4, 32, "tcp", steps, every);
+
+    let whole = tmp.path().join("whole");
+    train_ok(&file, &whole);
+    let want = final_checkpoint(&whole, steps);
+
+    let killed = tmp.path().join("killed");
+    let run = train(&file, &killed, &["--chaos", "kill:worker:0:2@40"]);
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let done = run.finished();
+    assert_eq!((done["restarts"].as_u64(), done["steps"].as_u64()), (Some(1), Some(steps)), "{done}");
+    // The group came back at its step-40 checkpoint, not at step 0.
+    let after = run.events.iter().position(|e| e["event"] == "restart").expect("the group restarted");
+    let resumed: Vec<u64> = run.events[after..]
+        .iter()
+        .filter(|e| e["event"] == "progress")
+        .map(|e| e["group_step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(resumed.first(), Some(&50), "the restarted group's first report: {resumed:?}");
+    let rank0 = std::fs::read_to_string(killed.join("logs/worker-0-0.1.log")).unwrap();
+    assert!(rank0.contains("resumed from checkpoint"), "rank 0's log of the second attempt:\n{rank0}");
+    let mut kept: Vec<String> = std::fs::read_dir(killed.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    let newest: Vec<String> =
+        [40, 50, 60].iter().map(|&s| checkpoint::step_path(Path::new(""), s).display().to_string()).collect();
+    assert_eq!(kept, newest, "the three newest checkpoints are kept");
+
+    // Weights and momentum from the resumed run are the uninterrupted run's.
+    let got = final_checkpoint(&killed, steps);
+    let (diff, scale) = max_difference(&want, &got);
+    assert!(scale > 0.01, "the weights are not trivially zero ({scale})");
+    assert_eq!(
+        diff, 0.0,
+        "the resumed run ends with the uninterrupted run's model (largest difference {diff})"
+    );
 }

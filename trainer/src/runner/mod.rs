@@ -18,7 +18,8 @@
 //! Caveats: `tandem worker` does not reconnect to a restarted PS, so a PS restart also relaunches
 //! every unfinished group (a new attempt each, not counted towards `maxRestarts`). A restarted
 //! group resumes from the PS weights and continues its step count from the PS
-//! ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) starts again. Free
+//! ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank 0's
+//! newest checkpoint in `<output>/checkpoints/`, which a run without `--resume` clears first. Free
 //! ports are found by binding port 0 and releasing it, so another program could take one in
 //! between.
 
@@ -70,7 +71,7 @@ pub struct Options {
     pub worker_args: Vec<String>,
     /// Processes to kill on the way.
     pub chaos: Vec<Chaos>,
-    /// Keep the PS checkpoints of an earlier run and resume from them.
+    /// Keep the checkpoints of an earlier run (PS shards, allreduce group) and resume from them.
     pub resume: bool,
 }
 
@@ -485,8 +486,12 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
     let logs = opts.output.join("logs");
     std::fs::create_dir_all(&logs).map_err(io(format!("creating {}", logs.display())))?;
     if !opts.resume {
-        for index in 0..spec.parameter_servers.replicas {
-            let dir = opts.output.join(format!("ps-{index}"));
+        // A fresh run: the PS shards and an allreduce group would resume from these.
+        let old = (0..spec.parameter_servers.replicas)
+            .map(|index| format!("ps-{index}"))
+            .chain(std::iter::once("checkpoints".to_owned()));
+        for name in old {
+            let dir = opts.output.join(name);
             if dir.exists() {
                 std::fs::remove_dir_all(&dir)
                     .map_err(io(format!("removing the old checkpoints in {}", dir.display())))?;

@@ -204,7 +204,9 @@ impl Supervisor {
         self.attempts.insert(unit, attempt);
         let what = match unit {
             Unit::Ps(index) => format!("parameter server {index} (it resumes from its latest checkpoint)"),
-            Unit::Group(group) => format!("group {group} only (it resumes from the PS weights)"),
+            Unit::Group(group) => format!(
+                "group {group} only (it resumes from the PS weights, or allreduce from its checkpoint)"
+            ),
         };
         Decision::Restart {
             unit,

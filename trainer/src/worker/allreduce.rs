@@ -3,8 +3,9 @@
 //! own block of the flat vector, allgather of the weights.
 //!
 //! Expected flow per rank: [`AllreduceStep::start`] (rank 0's initial weights go to every rank),
-//! then [`crate::train::Trainer::step`] with this step every iteration; [`AllreduceStep::gather_state`]
-//! before a checkpoint.
+//! [`AllreduceStep::resume`] (rank 0's checkpoint, if it has one, goes to every rank), then
+//! [`crate::train::Trainer::step`] with this step every iteration; [`AllreduceStep::gather_state`]
+//! before a checkpoint, which rank 0 writes.
 //!
 //! Guarantees: every rank makes the same collective calls in the same order, so the weights are
 //! bit-identical on all ranks after every step. Rank `i` keeps optimizer state (momentum, Adam
@@ -14,12 +15,14 @@
 //! process with the group-size× batch, up to the order of floating-point sums.
 
 use std::ops::Range;
+use std::path::Path;
 
 use tandem_api::OptimizerSpec;
 
+use crate::checkpoint::Checkpoint;
 use crate::comm::{CommError, Communicator, ReduceOp, block_range};
 use crate::optim::{Optimizer, OptimizerState};
-use crate::train::{GradientStep, TrainError};
+use crate::train::{GradientStep, TrainError, Trainer};
 
 /// A group rank's sharded synchronous SGD step.
 pub struct AllreduceStep<C: Communicator> {
@@ -42,6 +45,59 @@ impl<C: Communicator> AllreduceStep<C> {
         Ok(Self { comm, block, optimizer, gathered: None })
     }
 
+    /// Resumes the whole group from the worker checkpoint at `from`, which only rank 0 reads (the
+    /// other ranks pass `None`; their output folder may be another machine's): rank 0 restores it
+    /// and sends every rank the weights, the step and the optimizer state, and each rank moves its
+    /// schedule and data stream to that step. Returns the step the group continues from; 0, with
+    /// nothing changed, when rank 0 has no checkpoint. Collective: every rank calls it right after
+    /// [`AllreduceStep::start`].
+    pub fn resume(&mut self, trainer: &mut Trainer, from: Option<&Path>) -> Result<u64, TrainError> {
+        let root = self.comm.rank() == 0;
+        let saved = match from.filter(|_| root) {
+            Some(path) => {
+                let ckpt = Checkpoint::read(path)?;
+                trainer.restore(self, path, &ckpt)?;
+                ckpt.optimizer_state()
+            }
+            None => None,
+        };
+        // [resumed, step, optimizer updates, optimizer state sent]
+        let mut header = [
+            u64::from(root && from.is_some()),
+            trainer.step_count(),
+            saved.as_ref().map_or(0, |s| s.updates),
+            u64::from(saved.is_some()),
+        ];
+        broadcast_words(&mut self.comm, &mut header).map_err(comm_err)?;
+        let [resumed, step, updates, with_state] = header;
+        if resumed == 0 {
+            return Ok(0);
+        }
+        let mut params = trainer.params().to_vec();
+        self.comm.broadcast(&mut params, 0).map_err(comm_err)?;
+        if with_state == 1 {
+            // Whole buffers, in the order this optimizer keeps them; each rank keeps its block.
+            let fresh = self.optimizer.state();
+            let mut buffers = Vec::with_capacity(fresh.buffers.len());
+            for (name, _) in fresh.buffers {
+                let mut full = saved
+                    .as_ref()
+                    .and_then(|s| s.buffers.iter().find(|(n, _)| *n == name))
+                    .map_or_else(|| vec![0.0; params.len()], |(_, b)| b.clone());
+                self.comm.broadcast(&mut full, 0).map_err(comm_err)?;
+                buffers.push((name, full));
+            }
+            if !root {
+                self.restore_optimizer(&OptimizerState { kind: fresh.kind, updates, buffers })?;
+            }
+        }
+        if !root {
+            trainer.set_params(&params)?;
+            trainer.skip_to(step)?;
+        }
+        Ok(step)
+    }
+
     /// The group's communicator (for collectives outside the step, e.g. averaging the loss).
     pub fn comm(&mut self) -> &mut C {
         &mut self.comm
@@ -62,6 +118,18 @@ impl<C: Communicator> AllreduceStep<C> {
         self.gathered = Some(OptimizerState { kind: mine.kind, updates: mine.updates, buffers });
         Ok(())
     }
+}
+
+/// Broadcasts whole numbers from rank 0 exactly: each goes as four 16-bit pieces, which an `f32`
+/// holds without rounding.
+fn broadcast_words<C: Communicator>(comm: &mut C, words: &mut [u64]) -> Result<(), CommError> {
+    let mut pieces: Vec<f32> =
+        words.iter().flat_map(|w| (0..4).map(move |i| ((w >> (16 * i)) & 0xffff) as f32)).collect();
+    comm.broadcast(&mut pieces, 0)?;
+    for (w, p) in words.iter_mut().zip(pieces.chunks_exact(4)) {
+        *w = p.iter().enumerate().fold(0, |acc, (i, &v)| acc | ((v as u64) << (16 * i)));
+    }
+    Ok(())
 }
 
 impl<C: Communicator> GradientStep for AllreduceStep<C> {
@@ -104,5 +172,36 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
             .collect::<Result<Vec<_>, _>>()?;
         let shard = OptimizerState { kind: state.kind, updates: state.updates, buffers };
         Ok(self.optimizer.restore(&shard)?)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::thread;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::comm::algo::{AlgoConfig, Collectives};
+    use crate::comm::transport::LocalTransport;
+
+    #[test]
+    fn whole_numbers_reach_every_rank_exactly() {
+        // Steps and update counts beyond f32's 2^24 would round if sent as plain floats.
+        let sent = [0, 1, (1 << 24) + 1, (1 << 40) + 12_345, u64::MAX];
+        let ranks: Vec<_> = LocalTransport::group(3, Duration::from_secs(30))
+            .into_iter()
+            .map(|t| {
+                thread::spawn(move || {
+                    let mut comm = Collectives::new(t, AlgoConfig::default(), "local");
+                    let mut words = if comm.rank() == 0 { sent } else { [7; 5] };
+                    broadcast_words(&mut comm, &mut words).unwrap();
+                    words
+                })
+            })
+            .collect();
+        for (rank, r) in ranks.into_iter().enumerate() {
+            assert_eq!(r.join().unwrap(), sent, "rank {rank}");
+        }
     }
 }

@@ -18,12 +18,16 @@
 //!   training loss since the previous report (a collective, so every rank takes part); rank 0
 //!   passes it to `on_progress` (with the test accuracy at evaluation steps and the last step)
 //!   and, in PS jobs, reports it to every PS shard, where `tandem ps`'s status shows it.
-//! - `allreduce`: rank 0 writes the final model (weights and the gathered optimizer state) as a
-//!   worker checkpoint into `<output>/checkpoints/`, the layout `tandem train` uses.
-//! - Errors name the failed part (collective peer, PS index and address, data, model).
+//! - `allreduce`: every `checkpoint.everySteps` and at the end, rank 0 writes the group's state
+//!   (weights, the gathered optimizer state, the step) as a worker checkpoint into
+//!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest [`KEEP_CHECKPOINTS`] are
+//!   kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
+//!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
+//!   run.
+//! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
 //!
-//! Caveats: an `allreduce` group that restarts runs from the initial weights again (it has no PS
-//! to resume from).
+//! Caveats: on Kubernetes rank 0's output folder outlives its pod only on a volume
+//! (`checkpoint.claimName`); with an emptyDir a recreated group starts again from step 0.
 
 pub mod allreduce;
 
@@ -43,6 +47,9 @@ use allreduce::AllreduceStep;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
+
+/// Periodic `allreduce` checkpoints kept in `<output>/checkpoints/` (as `tandem train` keeps).
+pub const KEEP_CHECKPOINTS: usize = 3;
 
 /// A worker that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +84,7 @@ pub struct Place {
     pub attempt: u32,
     /// Address to bind the collective endpoint to.
     pub bind: String,
-    /// The job's output folder (the final `allreduce` model goes to its `checkpoints/`).
+    /// The job's output folder (`allreduce` checkpoints go to its `checkpoints/`).
     pub output: PathBuf,
 }
 
@@ -160,6 +167,7 @@ pub fn run<C: Communicator>(
     let data = crate::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
     let mut params = trainer.params().to_vec();
+    let checkpoints = place.output.join("checkpoints");
     let mut update = match training.algorithm {
         Algorithm::Allreduce => {
             Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?)
@@ -187,12 +195,28 @@ pub fn run<C: Communicator>(
     };
     trainer.set_params(&params)?;
     let steps = trainer.total_steps();
-    let start = match &update {
-        Update::Ps(s) => s.start_step().min(steps),
-        Update::Allreduce(_) => 0,
+    let start = match &mut update {
+        Update::Ps(s) => {
+            let start = s.start_step().min(steps);
+            if start > 0 {
+                trainer.skip_to(start)?;
+            }
+            start
+        }
+        Update::Allreduce(s) => {
+            let newest = if place.rank == 0 {
+                crate::checkpoint::latest(&checkpoints).map_err(TrainError::from)?
+            } else {
+                None
+            };
+            let start = s.resume(&mut trainer, newest.as_deref())?;
+            if let Some(path) = newest.filter(|_| start > 0) {
+                tracing::info!(group = place.group, path = %path.display(), step = start, "resumed from checkpoint");
+            }
+            start
+        }
     };
     if start > 0 {
-        trainer.skip_to(start)?;
         tracing::info!(
             group = place.group,
             rank = place.rank,
@@ -200,12 +224,18 @@ pub fn run<C: Communicator>(
             "resuming the group's step count"
         );
     }
+    let checkpoint_every = training.checkpoint.every_steps;
     let eval_every = training.eval_every_steps;
     let per_step = spec.data.batch_size as u64 * size as u64;
     let (mut loss_sum, mut seen) = (0.0f32, 0.0f32);
     let mut accuracy = None;
     for k in start + 1..=steps {
         let report = trainer.step(update.step())?;
+        if let Update::Allreduce(s) = &mut update
+            && (k == steps || (checkpoint_every > 0 && k % checkpoint_every == 0))
+        {
+            save_group_checkpoint(s, &trainer, place, &checkpoints)?;
+        }
         loss_sum += report.batch.loss * report.batch.samples as f32;
         seen += report.batch.samples as f32;
         let evaluate = k == steps || (eval_every > 0 && k % eval_every == 0);
@@ -235,16 +265,6 @@ pub fn run<C: Communicator>(
         }
         on_progress(&progress);
     }
-    if let Update::Allreduce(s) = &mut update {
-        s.gather_state(params.len())?;
-        if place.rank == 0 {
-            let dir = place.output.join("checkpoints");
-            std::fs::create_dir_all(&dir).map_err(|e| {
-                WorkerError::Config(format!("cannot create {} for the final model: {e}", dir.display()))
-            })?;
-            trainer.save(s, &crate::checkpoint::step_path(&dir, trainer.step_count()))?;
-        }
-    }
     let accuracy = match accuracy {
         Some(a) => a,
         None => trainer.evaluate()?.accuracy,
@@ -253,4 +273,23 @@ pub fn run<C: Communicator>(
         s.leave()?;
     }
     Ok(Summary { steps, start_step: start, accuracy })
+}
+
+/// Writes the `allreduce` group's state as rank 0's checkpoint for the current step and keeps the
+/// newest [`KEEP_CHECKPOINTS`] (collective: every rank takes part in gathering the optimizer state).
+fn save_group_checkpoint<C: Communicator>(
+    step: &mut AllreduceStep<C>,
+    trainer: &Trainer,
+    place: &Place,
+    dir: &Path,
+) -> Result<(), WorkerError> {
+    step.gather_state(trainer.params().len())?;
+    if place.rank != 0 {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| WorkerError::Config(format!("cannot create {} for checkpoints: {e}", dir.display())))?;
+    trainer.save(step, &crate::checkpoint::step_path(dir, trainer.step_count()))?;
+    crate::checkpoint::prune(dir, KEEP_CHECKPOINTS).map_err(TrainError::from)?;
+    Ok(())
 }
