@@ -761,7 +761,7 @@ pub struct RoleStatus {
 pub struct Progress {
     /// Global optimizer step.
     pub step: u64,
-    /// Epoch.
+    /// Passes over the training set completed (by the most advanced group).
     #[serde(default)]
     pub epoch: u32,
     /// Latest training loss.

@@ -33,8 +33,7 @@
 //! [`progress::POLL_EVERY`], and writes `status.progress` with the status patch of the reconcile —
 //! one authenticated read per job per poll, no API writes from pods, no TokenReview round trips.
 //! A PS that cannot be reached (starting, restarting, an older image) is logged at debug and
-//! leaves the last progress in place; it never fails a reconcile. `epoch` stays 0 until workers
-//! report it.
+//! leaves the last progress in place; it never fails a reconcile.
 
 pub mod builder;
 pub mod controller;

@@ -612,7 +612,7 @@ kind: TrainingJob
 metadata: {name: prog}
 spec:
   model: {kind: mlp, hidden: [16]}
-  data: {source: synthetic, batchSize: 16, syntheticSamples: 512}
+  data: {source: synthetic, batchSize: 32, syntheticSamples: 512}
   training:
     algorithm: ps-async
     steps: 20
@@ -718,6 +718,8 @@ async fn progress_is_read_from_the_ps_status_endpoint() {
     .await;
     let accuracy = progress.accuracy.expect("the worker reported an accuracy");
     assert!(accuracy > 0.0 && accuracy <= 1.0, "{progress:?}");
+    // 410 training samples in batches of 32: 12 steps an epoch, so step 20 is in the second.
+    assert_eq!(progress.epoch, 1, "{progress:?}");
     assert!(progress.loss.is_some(), "{progress:?}");
 
     // A PS that cannot be reached leaves the last progress in place.

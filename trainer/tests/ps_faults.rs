@@ -207,7 +207,8 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
     client.push(0, &[0.25; 4]).unwrap();
-    let reported = wire::Progress { step: 42, loss: Some(0.5), accuracy: Some(0.75), samples: 1344 };
+    let reported =
+        wire::Progress { step: 42, loss: Some(0.5), accuracy: Some(0.75), samples: 1344, epoch: 1 };
     client.report(reported).unwrap();
     assert!(ps.terminate().success(), "SIGTERM is a clean stop:\n{}", ps.log_text());
 

@@ -66,6 +66,7 @@ fn sync_applies_the_mean_of_every_group_once_per_step_across_shards() {
                         loss: Some(0.1),
                         accuracy: Some(0.9),
                         samples: 64 * steps,
+                        epoch: 0,
                     })
                     .unwrap();
             }));

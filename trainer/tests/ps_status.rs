@@ -84,10 +84,15 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
     let mut worker = job.worker(std::slice::from_ref(&ps.addr), 0, 0, 8);
     worker.init(0, &[0.5; 8]).unwrap();
     worker.join().unwrap();
-    let report =
-        |step, samples, accuracy| Progress { step, loss: Some(0.5), accuracy: Some(accuracy), samples };
-    worker.report(report(10, 320, 0.5)).unwrap();
-    worker.report(report(20, 640, 0.875)).unwrap();
+    let report = |step, samples, accuracy, epoch| Progress {
+        step,
+        loss: Some(0.5),
+        accuracy: Some(accuracy),
+        samples,
+        epoch,
+    };
+    worker.report(report(10, 320, 0.5, 0)).unwrap();
+    worker.report(report(20, 640, 0.875, 1)).unwrap();
 
     let (code, body) = get(&status, "/status", Some(TOKEN));
     assert_eq!(code, 200, "{body}");
@@ -95,7 +100,7 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
     let parsed: PsStatus = serde_json::from_value(doc.clone()).unwrap();
     assert_eq!(parsed.member_groups, 1, "{body}");
     let progress = parsed.progress.expect(&body);
-    assert_eq!(progress.step, 20);
+    assert_eq!((progress.step, progress.epoch), (20, 1));
     assert_eq!(progress.accuracy, Some(0.875));
     assert_eq!(progress.loss, Some(0.5));
     assert!(progress.samples_per_second.is_some_and(|r| r > 0.0), "{body}");
@@ -131,7 +136,7 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
     }
     worker.push(0, &[0.25; 8]).unwrap();
     // A light report (no evaluation) keeps the latest accuracy.
-    worker.report(Progress { step: 21, loss: Some(0.25), accuracy: None, samples: 672 }).unwrap();
+    worker.report(Progress { step: 21, loss: Some(0.25), accuracy: None, samples: 672, epoch: 1 }).unwrap();
     let (code, body) = get(&status, "/status", Some(TOKEN));
     assert_eq!(code, 200, "{body}");
     let after: PsStatus = serde_json::from_str(&body).unwrap();

@@ -87,6 +87,8 @@ struct GroupProgress {
     accuracy: Option<f32>,
     #[serde(default)]
     samples: u64,
+    #[serde(default)]
+    epoch: u32,
 }
 
 fn file_name(index: u32, version: u64) -> String {
@@ -118,6 +120,7 @@ pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
                 loss: p.loss,
                 accuracy: p.accuracy,
                 samples: p.samples,
+                epoch: p.epoch,
             })
             .collect(),
     };
@@ -178,7 +181,8 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
             .groups
             .into_iter()
             .map(|g| {
-                (g.group, Progress { step: g.step, loss: g.loss, accuracy: g.accuracy, samples: g.samples })
+                let GroupProgress { group, step, loss, accuracy, samples, epoch } = g;
+                (group, Progress { step, loss, accuracy, samples, epoch })
             })
             .collect(),
     })

@@ -82,7 +82,7 @@ impl StatusDocument {
     pub fn new(status: ShardStatus, samples_per_second: Option<f64>) -> Self {
         let progress = status.progress.map(|p| tandem_api::job::Progress {
             step: p.step,
-            epoch: 0,
+            epoch: p.epoch,
             loss: p.loss.map(f64::from),
             accuracy: p.accuracy.map(f64::from),
             samples_per_second,

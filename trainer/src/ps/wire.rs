@@ -76,6 +76,8 @@ pub struct Progress {
     pub accuracy: Option<f32>,
     /// Samples the group has processed.
     pub samples: u64,
+    /// Passes over the training set the group has completed.
+    pub epoch: u32,
 }
 
 /// Why the server refused a frame.
@@ -365,6 +367,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.f32(p.loss.unwrap_or(f32::NAN));
             w.f32(p.accuracy.unwrap_or(f32::NAN));
             w.u64(p.samples);
+            w.u32(p.epoch);
         }
         Frame::Welcome { shard, replicas, start, end, total_len, mode, version } => {
             w.u32(*shard);
@@ -452,8 +455,9 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let loss = r.f32()?;
             let accuracy = r.f32()?;
             let samples = r.u64()?;
+            let epoch = r.u32()?;
             let some = |v: f32| if v.is_nan() { None } else { Some(v) };
-            Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples })
+            Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples, epoch })
         }
         0x08 => Frame::StatusRequest,
         0x81 => {
@@ -661,7 +665,7 @@ mod tests {
             Frame::Push { kind: PushKind::Elastic, offset: 9, values: vec![0.5; 5] },
             Frame::Push { kind: PushKind::Gradient, offset: 0, values: vec![] },
             Frame::Pull { offset: 4, len: 100 },
-            Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640 }),
+            Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640, epoch: 2 }),
             Frame::StatusRequest,
             Frame::Welcome {
                 shard: 1,

@@ -259,6 +259,7 @@ pub fn run<C: Communicator>(
             loss: Some(sums[0] / sums[1].max(1.0)),
             accuracy: test.map(|a| a as f32),
             samples: (k - start) * per_step,
+            epoch: u32::try_from(trainer.cursor().epoch).unwrap_or(u32::MAX),
         };
         if let Update::Ps(s) = &mut update {
             s.client().report(progress)?;

@@ -161,7 +161,10 @@ fn observers_read_status_and_weights_but_cannot_write() {
     assert!(matches!(net.call(2, hello), Frame::Welcome { shard: 1, start: 3, end: 5, total_len: 5, .. }));
     assert!(is_error(&net.push(2, 3, vec![1.0, 1.0]), ErrorCode::Protocol));
     assert_eq!(net.pull(2, 3, 2), Some(vec![7.0, 8.0]));
-    net.send(1, Frame::Report(Progress { step: 9, loss: Some(0.5), accuracy: Some(0.75), samples: 10 }));
+    net.send(
+        1,
+        Frame::Report(Progress { step: 9, loss: Some(0.5), accuracy: Some(0.75), samples: 10, epoch: 0 }),
+    );
     net.take(1);
     let Frame::Status(json) = net.call(2, Frame::StatusRequest) else { panic!("status expected") };
     let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
