@@ -17,7 +17,9 @@
 //! behind the writes of the previous reconcile: creates use deterministic names and treat
 //! AlreadyExists as success, deletes treat NotFound as success, applies are idempotent, so a stale
 //! cache costs a redundant request, never a duplicate. Secrets are never listed or watched: the
-//! operator remembers (in memory, by job UID) which Secrets it found or created.
+//! operator remembers (in memory, by job UID) which Secrets it found or created, and each job's
+//! token; every [`Context::prune_every`] both are pruned to the UIDs in the TrainingJob cache, so
+//! deleted jobs cost no memory for the operator's lifetime.
 //!
 //! Guarantees: every write uses the field manager [`names::FIELD_MANAGER`]; a reconcile is
 //! idempotent, so running it twice, or after a crash half-way, converges to the same objects;
@@ -133,6 +135,8 @@ pub struct Context {
     pub progress_every: Duration,
     /// Most reconciles in flight at once (0: unbounded).
     pub concurrency: u16,
+    /// How often what is remembered of deleted jobs (known Secrets, tokens) is dropped.
+    pub prune_every: Duration,
     /// The reflector stores, set by [`Prepared::new`]; without them every read goes to the API.
     caches: OnceLock<Caches>,
     /// `<job uid>/<secret name>` of the Secrets known to exist (found or created).
@@ -141,6 +145,9 @@ pub struct Context {
 
 /// Default of [`Context::concurrency`].
 pub const DEFAULT_CONCURRENCY: u16 = 16;
+
+/// Default of [`Context::prune_every`].
+pub const DEFAULT_PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Annotation holding a hash of the desired Service or ConfigMap as last applied; an object whose
 /// cached annotation matches the desired hash is not applied again.
@@ -184,6 +191,7 @@ impl Context {
             tokens: progress::Tokens::default(),
             progress_every: progress::POLL_EVERY,
             concurrency: DEFAULT_CONCURRENCY,
+            prune_every: DEFAULT_PRUNE_EVERY,
             caches: OnceLock::new(),
             known_secrets: Mutex::new(HashSet::new()),
         }
@@ -201,6 +209,23 @@ impl Context {
         if let Ok(mut s) = self.known_secrets.lock() {
             s.insert(key);
         }
+    }
+
+    /// Forgets what is remembered of every job whose UID is not in `live`.
+    pub fn forget_jobs_except(&self, live: &HashSet<String>) {
+        if let Ok(mut s) = self.known_secrets.lock() {
+            s.retain(|key| key.split_once('/').is_some_and(|(uid, _)| live.contains(uid)));
+        }
+        self.tokens.retain(live);
+    }
+
+    /// UIDs of the jobs something is remembered of (known Secrets, tokens).
+    pub fn remembered_jobs(&self) -> HashSet<String> {
+        let mut uids = self.tokens.uids();
+        if let Ok(s) = self.known_secrets.lock() {
+            uids.extend(s.iter().filter_map(|key| Some(key.split_once('/')?.0.to_owned())));
+        }
+        uids
     }
 }
 
@@ -740,17 +765,31 @@ impl Prepared {
         self.controller.store()
     }
 
-    /// Runs until `shutdown` completes; reconciles in flight finish first.
+    /// Runs until `shutdown` completes; reconciles in flight finish first. Meanwhile, every
+    /// [`Context::prune_every`], forgets what is remembered of jobs no longer in the job cache.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
-        self.controller
-            .graceful_shutdown_on(shutdown)
-            .run(reconcile, error_policy, self.ctx)
-            .for_each(|result| async move {
-                match result {
-                    Ok((job, _)) => tracing::debug!(job = %job.name, "reconciled"),
-                    Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
-                }
-            })
-            .await;
+        let (store, ctx) = (self.controller.store(), self.ctx.clone());
+        let prune = async move {
+            // Until the first list arrives the cache is empty and would prune every job.
+            let _ = store.wait_until_ready().await;
+            loop {
+                tokio::time::sleep(ctx.prune_every).await;
+                let live = store.state().iter().filter_map(|job| job.uid()).collect();
+                ctx.forget_jobs_except(&live);
+            }
+        };
+        let controller =
+            self.controller.graceful_shutdown_on(shutdown).run(reconcile, error_policy, self.ctx).for_each(
+                |result| async move {
+                    match result {
+                        Ok((job, _)) => tracing::debug!(job = %job.name, "reconciled"),
+                        Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
+                    }
+                },
+            );
+        tokio::select! {
+            () = controller => {}
+            () = prune => {}
+        }
     }
 }

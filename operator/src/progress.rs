@@ -166,6 +166,18 @@ impl Tokens {
         }
     }
 
+    /// Keeps only the tokens of the jobs whose UID is in `live`.
+    pub fn retain(&self, live: &std::collections::HashSet<String>) {
+        if let Ok(mut m) = self.by_uid.lock() {
+            m.retain(|uid, _| live.contains(uid));
+        }
+    }
+
+    /// UIDs of the jobs whose token is cached.
+    pub fn uids(&self) -> std::collections::HashSet<String> {
+        self.by_uid.lock().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+    }
+
     /// Forgets the token of `job` (after it was refused, or when the job is gone).
     pub fn forget(&self, job: &TrainingJob) {
         if let Ok(mut m) = self.by_uid.lock() {

@@ -53,6 +53,7 @@ struct Harness {
     /// `<release>-operator`.
     release: String,
     metrics: Metrics,
+    ctx: Arc<Context>,
 }
 
 impl Harness {
@@ -71,14 +72,16 @@ impl Harness {
         let metrics = Metrics::default();
         let settings =
             Settings { force_delete_after: Duration::from_secs(1), resync: Duration::from_secs(5) };
-        let ctx = Arc::new(Context::new(client, metrics.clone(), settings, Some("test".to_owned())));
+        let mut ctx = Context::new(client, metrics.clone(), settings, Some("test".to_owned()));
+        ctx.prune_every = Duration::from_secs(1);
+        let ctx = Arc::new(ctx);
         let (stop, rx) = watch::channel(false);
-        let prepared = Prepared::new(ctx, &Scope { namespace: Some(ns.name().to_owned()) });
+        let prepared = Prepared::new(ctx.clone(), &Scope { namespace: Some(ns.name().to_owned()) });
         let operator = tokio::spawn(prepared.run(async move {
             let mut rx = rx;
             let _ = rx.wait_for(|s| *s).await;
         }));
-        Self { cluster, ns, stop, operator, release, metrics }
+        Self { cluster, ns, stop, operator, release, metrics, ctx }
     }
 
     fn admin(&self) -> Client {
@@ -413,12 +416,20 @@ async fn suspend_resume_success_and_ttl() {
     }
     let job = wait_phase(&h, "hybrid", JobPhase::Succeeded).await;
     assert_eq!(condition(&job, "Succeeded").unwrap().reason, "TrainingSucceeded");
+    let uid = job.uid().unwrap();
+    assert!(h.ctx.remembered_jobs().contains(&uid), "the operator remembers the job's token Secret");
     // ttlSecondsAfterFinished: 2 deletes the TrainingJob itself.
     wait_for("job deleted by its TTL", || async {
         match h.jobs().get_opt("hybrid").await.unwrap() {
             None => Ok(()),
             Some(j) => Err(format!("{:?}", j.status.map(|s| s.phase))),
         }
+    })
+    .await;
+    // What the operator remembered of it goes too (pruned every second here).
+    wait_for("the operator to forget the deleted job", || async {
+        let remembered = h.ctx.remembered_jobs();
+        if remembered.contains(&uid) { Err(format!("{remembered:?}")) } else { Ok(()) }
     })
     .await;
     h.stop().await;
