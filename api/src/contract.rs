@@ -59,6 +59,12 @@ pub const STATUS_PATH: &str = "/status";
 pub const CONFIG_FILE: &str = "job.json";
 /// Key of the token inside the job Secret.
 pub const TOKEN_KEY: &str = "token";
+/// Exit code of a worker that stopped because another process of the job was lost (a peer rank
+/// of its group, a parameter server): at least 128, so that restart policies retry it like the
+/// lost process's own failure, and above 128 + any signal number, so that it reads as no signal.
+/// Without it, the survivors of a killed rank would exit 1 — a permanent failure — and whether the
+/// job restarted or failed would depend on which exit the controller saw first.
+pub const EXIT_PEER_LOST: i32 = 200;
 
 /// The port of the PS status endpoint that [`env::STATUS_PORT`] asks for, read through `lookup`:
 /// `Ok(None)` when it says `off`, [`STATUS_PORT`] when it is unset.

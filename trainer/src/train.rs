@@ -19,6 +19,7 @@ use candle_core::Device;
 use tandem_api::TrainingJobSpec;
 
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
+use crate::comm::CommError;
 use crate::data::{DataCursor, DataError, Dataset, Loader, Splits};
 use crate::model::{BatchStats, Model, ModelError};
 use crate::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
@@ -53,6 +54,17 @@ pub enum TrainError {
     /// A gradient step implementation failed (communication, PS, …).
     #[error("gradient step: {0}")]
     Step(String),
+    /// Another process of the job was lost (a peer rank, a parameter server); retryable.
+    #[error("{0}")]
+    PeerLost(String),
+}
+
+impl TrainError {
+    /// A failed group collective: [`TrainError::PeerLost`] when a peer rank was lost.
+    pub fn collective(e: CommError) -> Self {
+        let message = format!("group collective: {e}");
+        if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
+    }
 }
 
 /// How a computed gradient becomes new parameters: apply it locally, or combine it with other ranks

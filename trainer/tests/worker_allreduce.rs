@@ -12,7 +12,7 @@ mod runner_support;
 
 use std::path::{Path, PathBuf};
 
-use runner_support::{Run, example, manifest_as, one_job_at_a_time, train};
+use runner_support::{Run, data_dir, example, example_yaml, manifest_as, one_job_at_a_time, set, train};
 use tandem::checkpoint::{self, Checkpoint};
 
 /// `tandem train --output json`, asserting that it succeeded and ended with the finished event.
@@ -167,4 +167,62 @@ fn a_killed_rank_restarts_the_group_from_its_checkpoint_and_ends_with_the_uninte
         diff, 0.0,
         "the resumed run ends with the uninterrupted run's model (largest difference {diff})"
     );
+}
+
+#[test]
+fn a_rank_whose_peer_dies_exits_with_the_retryable_peer_lost_code() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    use tandem_api::contract::{self, LaunchEnv, Role};
+
+    let _one = one_job_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut doc = example_yaml("mnist-allreduce.yaml");
+    set(&mut doc, &["spec", "workers", "groupSize"], 2.into());
+    set(&mut doc, &["spec", "training", "steps"], 100_000.into());
+    let job: tandem_api::TrainingJob = serde_yaml::from_value(doc).unwrap();
+    let config = tandem::runner::local_config("peer-lost", &job.spec).unwrap();
+    std::fs::write(tmp.path().join("job.json"), config.to_json()).unwrap();
+    std::fs::write(tmp.path().join("token"), "peer-lost-token").unwrap();
+    let rank = |rank: u32| {
+        let launch = LaunchEnv {
+            role: Role::Worker { group: 0, rank },
+            config: tmp.path().join("job.json"),
+            token_file: tmp.path().join("token"),
+            bind: "127.0.0.1".to_owned(),
+            output: tmp.path().join("out"),
+            attempt: 0,
+        };
+        Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["worker", "--device", "cpu"])
+            .envs(launch.to_vars())
+            .env("TANDEM_DATA_DIR", data_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (mut survivor, mut victim) = (rank(0), rank(1));
+    let mut lines = BufReader::new(survivor.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("\"progress\""))), "rank 0 never trained");
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = survivor.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            survivor.kill().unwrap();
+            panic!("rank 0 did not stop within 120 s of losing rank 1");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut survivor.stderr.take().unwrap(), &mut stderr).unwrap();
+    // Not 1 (permanent): the operator and the local runner retry it like the lost rank's own exit.
+    assert_eq!(status.code(), Some(contract::EXIT_PEER_LOST), "{status:?}\nstderr:\n{stderr}");
+    assert!(stderr.contains("rank 1"), "the error names the lost peer:\n{stderr}");
 }

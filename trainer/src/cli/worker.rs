@@ -26,8 +26,20 @@ pub struct Args {
     pub device: DeviceChoice,
 }
 
-/// Runs `tandem worker`.
+/// Runs `tandem worker`. A worker that failed because another process of the job was lost
+/// exits with [`tandem_api::contract::EXIT_PEER_LOST`] (retryable) instead of 1.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let result = run_worker(args);
+    if let Err(e) = &result
+        && e.downcast_ref::<worker::WorkerError>().is_some_and(worker::WorkerError::is_peer_lost)
+    {
+        eprintln!("Error: {e:?}");
+        std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
+    }
+    result
+}
+
+fn run_worker(args: Args) -> anyhow::Result<()> {
     super::init_logging();
 
     let super::Contract { env, job, token } = super::load_contract()?;

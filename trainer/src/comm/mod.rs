@@ -195,6 +195,17 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     }
 }
 
+impl CommError {
+    /// Whether another rank was lost (died, hung, never came), rather than this rank or the
+    /// caller being wrong: restarting the group can cure it.
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(
+            self,
+            CommError::PeerFailed { .. } | CommError::PeerTimeout { .. } | CommError::Rendezvous(_)
+        )
+    }
+}
+
 pub(crate) fn check_root(root: usize, size: usize) -> Result<(), CommError> {
     if root >= size {
         return Err(CommError::Invalid(format!("broadcast root {root} is not a rank of a group of {size}")));

@@ -163,6 +163,14 @@ pub enum ClientError {
     NoServers,
 }
 
+impl ClientError {
+    /// Whether a parameter server was lost (unreachable, silent, or its connection broke), rather
+    /// than refused this worker: restarting the worker once the server is back can cure it.
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(self, ClientError::Connect { .. } | ClientError::Timeout { .. } | ClientError::Lost { .. })
+    }
+}
+
 struct Conn {
     reader: BufReader<TcpStream>,
     writer: BufWriter<TcpStream>,

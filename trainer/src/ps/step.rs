@@ -65,11 +65,11 @@ pub struct PsStep<C: Communicator> {
 }
 
 fn comm_err(e: CommError) -> TrainError {
-    TrainError::Step(format!("group collective: {e}"))
+    TrainError::collective(e)
 }
 
 fn ps_err(e: ClientError) -> TrainError {
-    TrainError::Step(e.to_string())
+    if e.is_peer_lost() { TrainError::PeerLost(e.to_string()) } else { TrainError::Step(e.to_string()) }
 }
 
 impl<C: Communicator> PsStep<C> {

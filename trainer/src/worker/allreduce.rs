@@ -33,7 +33,7 @@ pub struct AllreduceStep<C: Communicator> {
 }
 
 fn comm_err(e: CommError) -> TrainError {
-    TrainError::Step(format!("group collective: {e}"))
+    TrainError::collective(e)
 }
 
 impl<C: Communicator> AllreduceStep<C> {

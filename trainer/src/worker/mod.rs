@@ -73,6 +73,20 @@ pub enum WorkerError {
     Ps(#[from] crate::ps::client::ClientError),
 }
 
+impl WorkerError {
+    /// Whether the worker failed because another process of the job was lost (a peer rank, a
+    /// parameter server), not through its own fault: `tandem worker` then exits with
+    /// [`tandem_api::contract::EXIT_PEER_LOST`], which restart policies retry.
+    pub fn is_peer_lost(&self) -> bool {
+        match self {
+            WorkerError::Comm { source, .. } => source.is_peer_lost(),
+            WorkerError::Ps(e) => e.is_peer_lost(),
+            WorkerError::Train(TrainError::PeerLost(_)) => true,
+            WorkerError::Train(_) | WorkerError::Config(_) => false,
+        }
+    }
+}
+
 /// Where this rank stands in the job.
 #[derive(Clone, Debug)]
 pub struct Place {
@@ -244,10 +258,7 @@ pub fn run<C: Communicator>(
         }
         // The group's mean training loss since the last report.
         let mut sums = [loss_sum, seen];
-        update
-            .comm()
-            .allreduce(&mut sums, ReduceOp::Sum)
-            .map_err(|e| TrainError::Step(format!("group collective: {e}")))?;
+        update.comm().allreduce(&mut sums, ReduceOp::Sum).map_err(TrainError::collective)?;
         (loss_sum, seen) = (0.0, 0.0);
         if place.rank != 0 {
             continue;
