@@ -11,6 +11,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from benchplot import pyplot, write_table
+
 
 def human(n):
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -43,16 +45,9 @@ def main():
             a, b = row.get(base), row.get(s)
             cells.append(f"{a['busbw_gbps'] / b['busbw_gbps']:.2f}×" if a and b and b["busbw_gbps"] > 0 else "–")
         lines.append("| " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n"
-    (out / "table.md").write_text(table)
-    print(table)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: wrote the table only", file=sys.stderr)
+    write_table(out, "\n".join(lines) + "\n")
+    plt = pyplot("plot_allreduce.py")
+    if plt is None:
         return
     fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5))
     for s in series:

@@ -15,6 +15,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from benchplot import pyplot, write_table
+
 ORDER = ["ps-sync", "ps-async", "hybrid", "easgd", "allreduce"]
 
 
@@ -115,17 +117,9 @@ def main():
         verdict = "holds" if all(v / e > 2 for v in others.values()) else "does not hold"
         claim += (f"\nHere: easgd reaches {target:.2f} in {e:.1f} s; {speedups} "
                   f"(best other: {best_other}). The claim {verdict} on this setup.")
-    table = "\n".join(lines) + "\n\n" + claim + "\n"
-    (out / "table.md").write_text(table)
-    print(table)
-
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: wrote the table only", file=sys.stderr)
+    write_table(out, "\n".join(lines) + "\n\n" + claim + "\n")
+    plt = pyplot("plot_tta.py")
+    if plt is None:
         return
     fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(13, 5))
     for a in algorithms:

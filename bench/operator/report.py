@@ -13,6 +13,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchplot import pyplot  # noqa: E402  (bench/, one folder up)
+
 
 def mib(b):
     return None if b is None else b / 2**20
@@ -83,12 +86,8 @@ def main():
         json.dump(summary, f, indent=1)
     print(json.dumps({"bench": "operator", "ratio_tandem_over_mpi": ratios}))
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("report.py: matplotlib unavailable, no plot", file=sys.stderr)
+    plt = pyplot("report.py")
+    if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = {"tandem": "Tandem", "mpi": "MPI Operator"}
