@@ -33,7 +33,7 @@ use tandem_api::OptimizerSpec;
 use super::Mode;
 use super::client::{ClientError, PsClient};
 use super::wire::Peer;
-use crate::comm::{CommError, Communicator, ReduceOp, block_range};
+use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::train::{GradientStep, TrainError};
 
@@ -62,10 +62,6 @@ pub struct PsStep<C: Communicator> {
     exchange: Exchange,
     local: Option<Optimizer>,
     scratch: Vec<f32>,
-}
-
-fn comm_err(e: CommError) -> TrainError {
-    TrainError::collective(e)
 }
 
 fn ps_err(e: ClientError) -> TrainError {
@@ -112,12 +108,12 @@ impl<C: Communicator> PsStep<C> {
         };
         // Steps travel as two exact f32 halves of 24 bits; rank 0's count is the group's.
         let mut at = [(start_step >> 24) as f32, (start_step & 0xff_ffff) as f32];
-        comm.broadcast(&mut at, 0).map_err(comm_err)?;
+        comm.broadcast(&mut at, 0).map_err(TrainError::collective)?;
         let start_step = ((at[0] as u64) << 24) | at[1] as u64;
         if !block.is_empty() {
             client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
         }
-        comm.allgather(params).map_err(comm_err)?;
+        comm.allgather(params).map_err(TrainError::collective)?;
         let local = match &exchange {
             Exchange::Elastic { optimizer, .. } => Some(Optimizer::new(optimizer, params.len())),
             Exchange::Gradient => None,
@@ -153,7 +149,8 @@ impl<C: Communicator> GradientStep for PsStep<C> {
         let b = self.block.clone();
         match &self.exchange {
             Exchange::Gradient => {
-                let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(comm_err)?;
+                let got =
+                    self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(TrainError::collective)?;
                 if got != b {
                     return Err(TrainError::Step(format!(
                         "reduce-scatter returned block {got:?}, expected {b:?}"
@@ -163,11 +160,11 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                     self.client.push(b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
                     self.client.pull(b.start as u64, &mut params[b.clone()]).map_err(ps_err)?;
                 }
-                self.comm.allgather(params).map_err(comm_err)?;
+                self.comm.allgather(params).map_err(TrainError::collective)?;
             }
             Exchange::Elastic { alpha, tau, .. } => {
                 let (alpha, tau) = (*alpha, (*tau).max(1));
-                self.comm.allreduce(grads, ReduceOp::Average).map_err(comm_err)?;
+                self.comm.allreduce(grads, ReduceOp::Average).map_err(TrainError::collective)?;
                 if let Some(opt) = self.local.as_mut() {
                     opt.step(params, grads, lr)?;
                 }
@@ -182,7 +179,7 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                         }
                         self.client.push(b.start as u64, &self.scratch).map_err(ps_err)?;
                     }
-                    self.comm.allgather(params).map_err(comm_err)?;
+                    self.comm.allgather(params).map_err(TrainError::collective)?;
                 }
             }
         }

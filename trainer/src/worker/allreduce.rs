@@ -32,14 +32,10 @@ pub struct AllreduceStep<C: Communicator> {
     gathered: Option<OptimizerState>,
 }
 
-fn comm_err(e: CommError) -> TrainError {
-    TrainError::collective(e)
-}
-
 impl<C: Communicator> AllreduceStep<C> {
     /// Replaces `params` with rank 0's (equal on every rank afterwards) and owns this rank's block.
     pub fn start(mut comm: C, optimizer: &OptimizerSpec, params: &mut [f32]) -> Result<Self, TrainError> {
-        comm.broadcast(params, 0).map_err(comm_err)?;
+        comm.broadcast(params, 0).map_err(TrainError::collective)?;
         let block = block_range(params.len(), comm.size(), comm.rank());
         let optimizer = Optimizer::new(optimizer, block.len());
         Ok(Self { comm, block, optimizer, gathered: None })
@@ -68,13 +64,13 @@ impl<C: Communicator> AllreduceStep<C> {
             saved.as_ref().map_or(0, |s| s.updates),
             u64::from(saved.is_some()),
         ];
-        broadcast_words(&mut self.comm, &mut header).map_err(comm_err)?;
+        broadcast_words(&mut self.comm, &mut header).map_err(TrainError::collective)?;
         let [resumed, step, updates, with_state] = header;
         if resumed == 0 {
             return Ok(0);
         }
         let mut params = trainer.params().to_vec();
-        self.comm.broadcast(&mut params, 0).map_err(comm_err)?;
+        self.comm.broadcast(&mut params, 0).map_err(TrainError::collective)?;
         if with_state == 1 {
             // Whole buffers, in the order this optimizer keeps them; each rank keeps its block.
             let fresh = self.optimizer.state();
@@ -84,7 +80,7 @@ impl<C: Communicator> AllreduceStep<C> {
                     .as_ref()
                     .and_then(|s| s.buffers.iter().find(|(n, _)| *n == name))
                     .map_or_else(|| vec![0.0; params.len()], |(_, b)| b.clone());
-                self.comm.broadcast(&mut full, 0).map_err(comm_err)?;
+                self.comm.broadcast(&mut full, 0).map_err(TrainError::collective)?;
                 buffers.push((name, full));
             }
             if !root {
@@ -112,7 +108,7 @@ impl<C: Communicator> AllreduceStep<C> {
         for (name, values) in mine.buffers {
             let mut full = vec![0.0; total];
             full[self.block.clone()].copy_from_slice(&values);
-            self.comm.allgather(&mut full).map_err(comm_err)?;
+            self.comm.allgather(&mut full).map_err(TrainError::collective)?;
             buffers.push((name, full));
         }
         self.gathered = Some(OptimizerState { kind: mine.kind, updates: mine.updates, buffers });
@@ -141,12 +137,12 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
         grads: &mut [f32],
     ) -> Result<(), TrainError> {
         let b = self.block.clone();
-        let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(comm_err)?;
+        let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(TrainError::collective)?;
         if got != b {
             return Err(TrainError::Step(format!("reduce-scatter returned block {got:?}, expected {b:?}")));
         }
         self.optimizer.step(&mut params[b.clone()], &grads[b], lr)?;
-        self.comm.allgather(params).map_err(comm_err)?;
+        self.comm.allgather(params).map_err(TrainError::collective)?;
         self.gathered = None;
         Ok(())
     }
