@@ -703,6 +703,32 @@ where
     }
 }
 
+/// Watches the operator's children of kind `K` (labelled as managed by it) into a reflector store,
+/// managed fields stripped; returns the store and the stream of touched objects for the controller.
+fn watch_owned<K>(
+    client: &Client,
+    scope: &Scope,
+) -> (Store<K>, impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let owned =
+        watcher::Config::default().labels(&format!("{}={}", names::LABEL_MANAGED_BY, names::FIELD_MANAGER));
+    let (store, writer) = reflector::store::<K>();
+    let stream = watcher(api_for::<K>(client, scope), owned)
+        .default_backoff()
+        .modify(|object| object.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    (store, stream)
+}
+
 /// The controller, ready to run: call [`Prepared::run`]. Its store feeds the jobs gauge.
 pub struct Prepared {
     controller: Controller<TrainingJob>,
@@ -716,40 +742,13 @@ impl std::fmt::Debug for Prepared {
 }
 
 impl Prepared {
-    /// Sets up the watches on TrainingJobs, their pods and their ConfigMaps.
     /// Sets up the watches on TrainingJobs and their pods, ConfigMaps and Services, whose
     /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once.
     pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
-        let owned = watcher::Config::default().labels(&format!(
-            "{}={}",
-            names::LABEL_MANAGED_BY,
-            names::FIELD_MANAGER
-        ));
-        let (pods, pods_writer) = reflector::store::<Pod>();
-        let pod_stream = watcher(api_for::<Pod>(&ctx.client, scope), owned.clone())
-            .default_backoff()
-            .modify(|pod| {
-                pod.managed_fields_mut().clear();
-            })
-            .reflect(pods_writer)
-            .touched_objects();
-        let (config_maps, config_maps_writer) = reflector::store::<PartialObjectMeta<ConfigMap>>();
-        let config_map_stream =
-            watcher(api_for::<PartialObjectMeta<ConfigMap>>(&ctx.client, scope), owned.clone())
-                .default_backoff()
-                .modify(|cm| {
-                    cm.managed_fields_mut().clear();
-                })
-                .reflect(config_maps_writer)
-                .touched_objects();
-        let (services, services_writer) = reflector::store::<PartialObjectMeta<Service>>();
-        let service_stream = watcher(api_for::<PartialObjectMeta<Service>>(&ctx.client, scope), owned)
-            .default_backoff()
-            .modify(|svc| {
-                svc.managed_fields_mut().clear();
-            })
-            .reflect(services_writer)
-            .touched_objects();
+        let (pods, pod_stream) = watch_owned::<Pod>(&ctx.client, scope);
+        let (config_maps, config_map_stream) =
+            watch_owned::<PartialObjectMeta<ConfigMap>>(&ctx.client, scope);
+        let (services, service_stream) = watch_owned::<PartialObjectMeta<Service>>(&ctx.client, scope);
         let _ = ctx.caches.set(Caches { pods, config_maps, services });
         let controller =
             Controller::new(api_for::<TrainingJob>(&ctx.client, scope), watcher::Config::default())
