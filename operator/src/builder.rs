@@ -43,8 +43,8 @@ pub const SCHEDULER_PLUGINS_SCHEDULER: &str = "scheduler-plugins-scheduler";
 pub const VOLCANO_GROUP_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 /// Pod label the scheduler-plugins coscheduling plugin reads.
 pub const SCHEDULER_PLUGINS_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
-/// Group of the trainer image's `tandem` user (uid 1000): the `fsGroup` of MPI worker and
-/// launcher pods whose template sets none, so that it can read the mounted SSH key.
+/// Group of the trainer image's `tandem` user (uid 1000): the `fsGroup` of every pod whose template
+/// sets none, so that it can read the mounted job token and SSH keys.
 pub const TRAINER_FS_GROUP: i64 = 1000;
 
 /// The SSH key pair of a `backend: mpi` job, in OpenSSH formats.
@@ -323,11 +323,10 @@ pub fn pod(job: &TrainingJob, role: Role, attempt: u32) -> Pod {
         });
     }
 
-    if mpi && !matches!(role, Role::Ps { .. }) {
-        // Secret files are root-owned 0600; with an fsGroup the kubelet makes them readable by it.
-        let security = pod_spec.security_context.get_or_insert_with(PodSecurityContext::default);
-        security.fs_group.get_or_insert(TRAINER_FS_GROUP);
-    }
+    // Secret files (the token on every pod, the SSH keys on MPI pods) are root-owned 0400/0600; with
+    // an fsGroup the kubelet makes them group-readable by it, so the image's user can read them.
+    let security = pod_spec.security_context.get_or_insert_with(PodSecurityContext::default);
+    security.fs_group.get_or_insert(TRAINER_FS_GROUP);
     pod_spec.restart_policy = Some("Never".to_owned());
     pod_spec.hostname = Some(names::pod(&name, role));
     pod_spec.subdomain = Some(names::service(&name));
