@@ -350,7 +350,11 @@ pub fn pod(job: &TrainingJob, role: Role, attempt: u32) -> Pod {
     // an fsGroup the kubelet makes them group-readable by it, so the image's user can read them.
     let security = pod_spec.security_context.get_or_insert_with(PodSecurityContext::default);
     security.fs_group.get_or_insert(TRAINER_FS_GROUP);
-    pod_spec.restart_policy = Some("Never".to_owned());
+    // A PS restarts in place (the kubelet restarts its container in the same pod, whose output
+    // volume keeps its checkpoints; the operator counts those restarts, see `plan`). Workers and
+    // launchers never do: their whole group restarts as a new attempt.
+    pod_spec.restart_policy =
+        Some(if matches!(role, Role::Ps { .. }) { "OnFailure" } else { "Never" }.to_owned());
     pod_spec.hostname = Some(names::pod(&name, role));
     pod_spec.subdomain = Some(names::service(&name));
     pod_spec.enable_service_links = Some(false);

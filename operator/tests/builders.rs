@@ -61,7 +61,9 @@ fn pods_carry_the_launch_contract_that_the_trainer_reads_back() {
         let mounts: Vec<_> = c.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
         assert!(mounts.contains(&"/etc/tandem") && mounts.contains(&"/var/run/tandem"), "{mounts:?}");
         let spec = pod.spec.as_ref().unwrap();
-        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        // A PS restarts in place (its pod, and so its checkpoint folder, stays); workers never.
+        let policy = if matches!(role, Role::Ps { .. }) { "OnFailure" } else { "Never" };
+        assert_eq!(spec.restart_policy.as_deref(), Some(policy));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist-hybrid"));
         assert_eq!(spec.hostname, pod.metadata.name);
         let owner = &pod.owner_references()[0];
