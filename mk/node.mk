@@ -6,6 +6,11 @@
 
 TEST_TARGETS += e2e-node
 
+# Under `make test` the images take the dev-profile binaries the tests already built (same code,
+# dependencies optimised; a second, release compile of every crate would cost CI minutes); `make images`
+# alone builds release binaries. Set TANDEM_IMAGE_PROFILE to choose.
+test: export TANDEM_IMAGE_PROFILE ?= dev
+
 ## images: build tandem-trainer:0.1 and tandem-operator:<appVersion> from docker/ with buildah, on bases made by mmdebstrap.
 images: deps data
 	@CARGO="$(CARGO)" scripts/node/images.sh

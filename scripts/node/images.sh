@@ -9,8 +9,10 @@
 # tandem-operator:<appVersion>), under docker.io/library/ as a container runtime normalizes them.
 # Prints each image's size at the end.
 #
-# Environment: CARGO (default cargo), CARGO_TARGET_DIR, TANDEM_IMAGES_SKIP_CARGO=1 (use the binaries
-# already in target/image-bin).
+# Environment: CARGO (default cargo), CARGO_TARGET_DIR, TANDEM_IMAGE_PROFILE (cargo profile of the
+# binaries: release, the default, or dev, which `make test` uses because its tests built the dev
+# binaries already: same code, dependencies optimised, ours at opt-level 1), TANDEM_IMAGES_SKIP_CARGO=1
+# (use the binaries already in target/image-bin).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=scripts/node
@@ -31,13 +33,19 @@ log "base images ready in $((SECONDS - t)) s"
 t=$SECONDS
 CARGO="${CARGO:-cargo}"
 TARGET="${CARGO_TARGET_DIR:-target}"
+PROFILE="${TANDEM_IMAGE_PROFILE:-release}"
+case "$PROFILE" in
+  release) out=release ;;
+  dev) out=debug ;;
+  *) echo "images.sh: TANDEM_IMAGE_PROFILE must be release or dev, not '$PROFILE'" >&2; exit 2 ;;
+esac
 if [ "${TANDEM_IMAGES_SKIP_CARGO:-0}" != 1 ]; then
-  log "cargo build --release: tandem, tandem-operator"
-  "$CARGO" build --release --locked -p tandem-trainer --bin tandem -p tandem-operator --bin tandem-operator
+  log "cargo build --profile $PROFILE: tandem, tandem-operator"
+  "$CARGO" build --profile "$PROFILE" --locked -p tandem-trainer --bin tandem -p tandem-operator --bin tandem-operator
   mkdir -p target/image-bin
   # Debug line tables stay in the cargo output; the images get stripped copies.
   for bin in tandem tandem-operator; do
-    strip -o "target/image-bin/$bin.part" "$TARGET/release/$bin"
+    strip -o "target/image-bin/$bin.part" "$TARGET/$out/$bin"
     mv "target/image-bin/$bin.part" "target/image-bin/$bin"
   done
   log "binaries built in $((SECONDS - t)) s"
@@ -52,14 +60,17 @@ bud() {
     -f "$file" -t "$tag" . >/dev/null
   log "$tag built in $((SECONDS - t)) s"
 }
+# buildah keeps a working container for a stage that is only a FROM (the `bin` alias): remove the
+# ones this build made (also when it fails), and the storage driver's private mount of its own folder
+# once nothing in it is mounted, so that no mount is left behind.
 before="$(buildah containers --quiet --noheading | sort)"
+tidy() {
+  comm -13 <(echo "$before") <(buildah containers --quiet --noheading | sort) | xargs -r buildah rm >/dev/null
+  "$here/storage-umount.sh"
+}
+trap tidy EXIT
 bud docker/trainer.Dockerfile "$TRAINER_TAG" "$BASE"
 bud docker/operator.Dockerfile "$OPERATOR_TAG" "$BASE_CC"
-# buildah keeps a working container for a stage that is only a FROM (the `bin` alias): remove the
-# ones this build made, and the storage driver's private mount of its own folder once nothing in it
-# is mounted, so that no mount is left behind.
-comm -13 <(echo "$before") <(buildah containers --quiet --noheading | sort) | xargs -r buildah rm >/dev/null
-"$here/storage-umount.sh"
 
 size() { podman image inspect --format '{{.Size}}' "$1" | numfmt --to=iec --suffix=B; }
 log "images built in $((SECONDS - start)) s:"
