@@ -165,7 +165,10 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     // So does every other pod, for the root-owned 0400 token (a real kubelet showed a PS as uid 1000
     // failing to read it without an fsGroup).
     let ps = builder::pod(&job, Role::Ps { index: 0 }, 0);
-    assert_eq!(ps.spec.as_ref().unwrap().security_context.as_ref().unwrap().fs_group, Some(builder::TRAINER_FS_GROUP));
+    assert_eq!(
+        ps.spec.as_ref().unwrap().security_context.as_ref().unwrap().fs_group,
+        Some(builder::TRAINER_FS_GROUP)
+    );
     let mut custom = job.clone();
     custom.spec.workers.template = Some(
         serde_json::from_value(serde_json::json!({"spec": {"securityContext": {"fsGroup": 2000}}})).unwrap(),
