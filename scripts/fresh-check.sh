@@ -64,9 +64,14 @@ done
 # The Python that `python3` resolves to, and the Debian packages of the libraries it loads.
 py_prefix=$(python3 -c 'import sys; print(sys.base_prefix)')
 py_libs=$(find "$py_prefix" -name '*.so*' -type f 2>/dev/null; command -v python3)
-py_pkgs=$(for f in $py_libs; do ldd "$(readlink -f "$f")" 2>/dev/null; done |
-  awk '/=> \//{print $3}' | sort -u | grep -v "^$py_prefix" | xargs -r readlink -f |
-  xargs -r dpkg -S 2>/dev/null | cut -d: -f1 | sort -u | tr '\n' ',')
+owner() { # the Debian package of a library file, looked up under /usr and without it (merged /usr)
+  local f=$1
+  dpkg -S "$f" 2>/dev/null || dpkg -S "${f#/usr}" 2>/dev/null || dpkg -S "/usr$f" 2>/dev/null || true
+}
+py_pkgs=$( { for f in $py_libs; do ldd "$(readlink -f "$f")" 2>/dev/null || true; done; } |
+  awk '/=> \//{print $3}' | sort -u | grep -v "^$py_prefix" |
+  while read -r lib; do owner "$lib"; owner "$(readlink -f "$lib")"; done |
+  cut -d: -f1 | sort -u | tr '\n' ',')
 stage "mmdebstrap --variant=minbase bookworm (packages: git gcc g++ make cmake + the CPython's libraries)"
 mmdebstrap --quiet --variant=minbase "${aptopts[@]}" \
   --include="ca-certificates,git,gcc,g++,make,cmake,${py_pkgs%,}" \
@@ -74,8 +79,12 @@ mmdebstrap --quiet --variant=minbase "${aptopts[@]}" \
 stage "root ready ($(du -sh "$root" | cut -f1))"
 
 # --- 2. What a new machine of this kind comes with, read-only ------------------------------------------
+inside() { # refuses any path that is not below the fresh root: nothing here may touch the host's own
+  case "$1" in "$state"/root/?*) ;; *) echo "fresh-check: refusing to mount on $1 (not inside $state/root)" >&2; exit 1 ;; esac
+}
 bind() { # bind SRC DST [ro]
   local src=$1 dst="$root$2"
+  inside "$dst"
   if [ -d "$src" ]; then mkdir -p "$dst"; else mkdir -p "$(dirname "$dst")"; touch "$dst"; fi
   mount --bind "$src" "$dst"
   mounts+=("$dst")
@@ -84,10 +93,12 @@ bind() { # bind SRC DST [ro]
   [ "${3:-}" = ro ] && mount -o remount,bind,ro "$dst"
   return 0
 }
-mount -t proc proc "$root/proc"; mounts+=("$root/proc")
+[ -n "$state" ] && [ -d "$root/etc" ] || { echo "fresh-check: the fresh root $root was not made" >&2; exit 1; }
+inside "$root/proc"; mount -t proc proc "$root/proc"; mounts+=("$root/proc")
 bind /sys /sys ro
 bind /dev /dev
-mount -t tmpfs -o mode=1777 shm "$root/dev/shm"; mounts+=("$root/dev/shm")
+bind /dev/pts /dev/pts
+inside "$root/dev/shm"; mount -t tmpfs -o mode=1777 shm "$root/dev/shm"; mounts+=("$root/dev/shm")
 bind "$HOME/.rustup" /root/.rustup ro
 bind "$HOME/.cargo/bin" /root/.cargo/bin ro
 bind /usr/local/go /usr/local/go ro
