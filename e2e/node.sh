@@ -6,7 +6,8 @@
 # with in-cluster credentials and the chart's RBAC), then runs e2e/tests/node.rs against it. The node
 # is stopped and the host restored however it ends (trap). Prints the wall time of each stage.
 #
-# Environment: TANDEM_NODE_DIR (default /tmp/tandem-e2e-node), CARGO, E2E_KEEP=1 (keep the logs after
+# Environment: TANDEM_NODE_DIR (default /tmp/tandem-e2e-node), CARGO, TEST_FEATURES (set by make),
+# E2E_THREADS (tests at once, default 2), E2E_KEEP=1 (keep the logs after
 # a success too), E2E_TEST_ARGS (extra `cargo test` arguments, e.g. a test name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,12 @@ log() { echo "e2e-node: $*" >&2; }
 stage() { log "$1: $(( SECONDS - stage_start )) s"; stage_start=$SECONDS; }
 stage_start=$SECONDS
 
-"$CARGO" test -q -p tandem-e2e --features e2e --test node --no-run
+# The whole workspace with the features of `make test`'s other builds (empty flags that only add test
+# targets), so nothing compiles twice.
+# E2E_CARGO_ARGS overrides the selection (e.g. `-p tandem-e2e --features e2e` builds only what the test needs).
+FEATURES="${TEST_FEATURES:-tandem-testkit/cluster-tests,tandem-operator/cluster-tests},tandem-e2e/e2e"
+read -r -a SELECT <<<"${E2E_CARGO_ARGS:---workspace --features $FEATURES}"
+"$CARGO" test -q "${SELECT[@]}" --no-run
 stage "test build"
 
 WORK="$(mktemp -d /tmp/tandem-e2e-node.XXXXXX)"
@@ -68,7 +74,7 @@ stage "helm install"
 log "running the tests (cluster state and node logs are kept on failure)"
 # shellcheck disable=SC2086
 if TANDEM_NODE_CONTAINERD="$TANDEM_NODE_DIR/containerd/containerd.sock" TANDEM_E2E_WORK="$WORK" \
-  "$CARGO" test -p tandem-e2e --features e2e --test node -- --test-threads="${E2E_THREADS:-2}" ${E2E_TEST_ARGS:-}; then
+  "$CARGO" test "${SELECT[@]}" --test node -- --test-threads="${E2E_THREADS:-2}" ${E2E_TEST_ARGS:-}; then
   status=0
 fi
 stage "tests"

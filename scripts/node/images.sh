@@ -41,7 +41,12 @@ case "$PROFILE" in
 esac
 if [ "${TANDEM_IMAGES_SKIP_CARGO:-0}" != 1 ]; then
   log "cargo build --profile $PROFILE: tandem, tandem-operator"
-  "$CARGO" build --profile "$PROFILE" --locked -p tandem-trainer --bin tandem -p tandem-operator --bin tandem-operator
+  if [ "$PROFILE" = dev ] && [ -n "${TEST_FEATURES:-}" ]; then
+    # Under `make test`: the binaries of its workspace test build, with the same features (no rebuild).
+    "$CARGO" build --locked --workspace --features "$TEST_FEATURES,tandem-e2e/e2e" --bins
+  else
+    "$CARGO" build --profile "$PROFILE" --locked -p tandem-trainer --bin tandem -p tandem-operator --bin tandem-operator
+  fi
   mkdir -p target/image-bin
   # Debug line tables stay in the cargo output; the images get stripped copies.
   for bin in tandem tandem-operator; do
