@@ -386,16 +386,30 @@ unsafe fn dispatch<AC: Off, BR: Off>(
     unsafe {
         match (isa, mr, nv) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, 12, 1) => drive::<12, 1, _, _>(avx512::tile::<12, 1, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
+            (Isa::Avx512, 12, 1) => {
+                drive::<12, 1, _, _>(avx512::tile::<12, 1, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, 8, 2) => drive::<8, 2, _, _>(avx512::tile::<8, 2, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
+            (Isa::Avx512, 8, 2) => {
+                drive::<8, 2, _, _>(avx512::tile::<8, 2, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, 6, 3) => drive::<6, 3, _, _>(avx512::tile::<6, 3, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
+            (Isa::Avx512, 6, 3) => {
+                drive::<6, 3, _, _>(avx512::tile::<6, 3, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, _, _) => drive::<6, 4, _, _>(avx512::tile::<6, 4, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
-            (_, 12, 1) => drive::<12, 1, _, _>(portable::tile::<12, 1, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
-            (_, 8, 2) => drive::<8, 2, _, _>(portable::tile::<8, 2, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
-            (_, 6, 3) => drive::<6, 3, _, _>(portable::tile::<6, 3, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
+            (Isa::Avx512, _, _) => {
+                drive::<6, 4, _, _>(avx512::tile::<6, 4, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
+            (_, 12, 1) => {
+                drive::<12, 1, _, _>(portable::tile::<12, 1, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
+            (_, 8, 2) => {
+                drive::<8, 2, _, _>(portable::tile::<8, 2, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
+            (_, 6, 3) => {
+                drive::<6, 3, _, _>(portable::tile::<6, 3, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi)
+            }
             _ => drive::<6, 4, _, _>(portable::tile::<6, 4, AC, BR>, rows, n, k, a, ac, b, br, c, ldc, epi),
         }
     }
@@ -481,8 +495,16 @@ unsafe fn drive<const MR: usize, const NV: usize, AC: Off, BR: Off>(
                         mrows,
                         ncols,
                         accumulate,
-                        bias_row: if last && !bias_row.is_null() { bias_row.add(m0) } else { std::ptr::null() },
-                        bias_col: if last && !bias_col.is_null() { bias_col.add(n0) } else { std::ptr::null() },
+                        bias_row: if last && !bias_row.is_null() {
+                            bias_row.add(m0)
+                        } else {
+                            std::ptr::null()
+                        },
+                        bias_col: if last && !bias_col.is_null() {
+                            bias_col.add(n0)
+                        } else {
+                            std::ptr::null()
+                        },
                         relu: last && epi.relu,
                     };
                     tile(&args);
@@ -506,9 +528,9 @@ mod avx512 {
     /// AVX-512F must be present; the pointers of `t` must be valid for the tile (the driver's
     /// bounds check).
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile<const MR: usize, const NV: usize, AC: Off, BR: Off>(
-        t: &TileArgs<MR, AC, BR>,
-    ) {
+    // Constant-bound index loops keep the accumulators in registers.
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn tile<const MR: usize, const NV: usize, AC: Off, BR: Off>(t: &TileArgs<MR, AC, BR>) {
         // Lanes of each vector that lie inside C's width.
         let masks: [__mmask16; NV] = std::array::from_fn(|j| {
             let valid = t.ncols.saturating_sub(16 * j).min(16);
@@ -532,10 +554,12 @@ mod avx512 {
             // The accumulators go to a stack tile once; the epilogue reads them from there. (An
             // epilogue that indexed `acc` by the runtime row count made LLVM keep `acc` in memory
             // and store every accumulator on every k step.)
-            let mut tile = [0.0f32; 16 * 4 * 12];
+            // Uninitialised: zeroing 3 KiB per tile cost a third of a short-k tile's time.
+            let mut tile = std::mem::MaybeUninit::<[f32; 16 * 4 * 12]>::uninit();
+            let tile_ptr = tile.as_mut_ptr().cast::<f32>();
             for (r, acc_r) in acc.iter().enumerate() {
                 for (j, v) in acc_r.iter().enumerate() {
-                    _mm512_storeu_ps(tile.as_mut_ptr().add((r * NV + j) * 16), *v);
+                    _mm512_storeu_ps(tile_ptr.add((r * NV + j) * 16), *v);
                 }
             }
             let zero = _mm512_setzero_ps();
@@ -547,7 +571,7 @@ mod avx512 {
                         continue;
                     }
                     let p = crow.add(16 * j);
-                    let mut v = _mm512_loadu_ps(tile.as_ptr().add((r * NV + j) * 16));
+                    let mut v = _mm512_loadu_ps(tile_ptr.add((r * NV + j) * 16));
                     if t.accumulate {
                         v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p));
                     }
@@ -574,9 +598,8 @@ mod portable {
     ///
     /// # Safety
     /// The pointers of `t` must be valid for the tile.
-    pub(super) unsafe fn tile<const MR: usize, const NV: usize, AC: Off, BR: Off>(
-        t: &TileArgs<MR, AC, BR>,
-    ) {
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn tile<const MR: usize, const NV: usize, AC: Off, BR: Off>(t: &TileArgs<MR, AC, BR>) {
         let w = t.ncols.min(16 * NV);
         let mut acc = [[0.0f32; 64]; MR];
         // SAFETY: addresses validated by the driver; only the `w` valid columns are read.

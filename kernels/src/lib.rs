@@ -20,3 +20,4 @@ pub mod models;
 pub mod net;
 pub mod peak;
 pub mod pool;
+mod simd;

@@ -119,14 +119,25 @@ impl NetworkBuilder {
         let same = input == previous
             || matches!((input, previous), (Layout::Features(f), Layout::Image { c, h, w }) if f == c * h * w && self.nodes.is_empty());
         if !same {
-            self.error = Some(NetError::Mismatch { index: self.nodes.len(), layer: layer.describe(), input, previous });
+            self.error = Some(NetError::Mismatch {
+                index: self.nodes.len(),
+                layer: layer.describe(),
+                input,
+                previous,
+            });
             return self;
         }
         let add = |list: &mut Vec<Entry>, specs: Vec<ParamSpec>| {
             let start = list.last().map_or(0, |e| e.offset + e.len);
             let mut at = start;
             for s in specs {
-                list.push(Entry { name: format!("{name}.{}", s.name), len: s.len(), shape: s.shape, offset: at, init: s.init });
+                list.push(Entry {
+                    name: format!("{name}.{}", s.name),
+                    len: s.len(),
+                    shape: s.shape,
+                    offset: at,
+                    init: s.init,
+                });
                 at += list.last().map_or(0, |e| e.len);
             }
             start..at
@@ -200,7 +211,10 @@ pub struct Network {
 
 impl std::fmt::Debug for Network {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Network").field("layers", &self.describe()).field("threads", &self.pool.threads()).finish()
+        f.debug_struct("Network")
+            .field("layers", &self.describe())
+            .field("threads", &self.pool.threads())
+            .finish()
     }
 }
 
@@ -257,7 +271,12 @@ impl Network {
 
     /// Fills `params` and `state` with their initial values; `uniform(lo, hi)` draws the random
     /// ones in flat order, so a seeded generator reproduces the same weights.
-    pub fn init(&self, params: &mut [f32], state: &mut [f32], uniform: &mut dyn FnMut(f32, f32) -> f32) -> Result<(), NetError> {
+    pub fn init(
+        &self,
+        params: &mut [f32],
+        state: &mut [f32],
+        uniform: &mut dyn FnMut(f32, f32) -> f32,
+    ) -> Result<(), NetError> {
         self.check("params", params.len(), self.num_params())?;
         self.check("state", state.len(), self.num_state())?;
         for (list, buf) in [(&self.params, &mut *params), (&self.state, &mut *state)] {
@@ -316,7 +335,8 @@ impl Network {
             (Layout::Image { c, h, w }, _) => {
                 let hw = h * w;
                 for b in 0..batch {
-                    let (src, out) = (&x[b * c * hw..(b + 1) * c * hw], &mut dst[b * c * hw..(b + 1) * c * hw]);
+                    let (src, out) =
+                        (&x[b * c * hw..(b + 1) * c * hw], &mut dst[b * c * hw..(b + 1) * c * hw]);
                     if c == 1 {
                         out.copy_from_slice(src);
                     } else {
@@ -378,14 +398,28 @@ impl Network {
             let dy = &mut above[0];
             let dx = if i > 0 { Some(&mut below[i][..]) } else { None };
             let g = &mut grads[node.params.clone()];
-            node.layer.backward(&cx, &params[node.params.clone()], &self.acts[i], &self.acts[i + 1], dy, dx, g);
+            node.layer.backward(
+                &cx,
+                &params[node.params.clone()],
+                &self.acts[i],
+                &self.acts[i + 1],
+                dy,
+                dx,
+                g,
+            );
         }
         Ok(BatchStats { loss: (loss / batch as f64) as f32, correct, samples: batch })
     }
 
     /// Loss and correct predictions in evaluation mode (running statistics), in chunks of the
     /// largest batch seen so far (or the whole batch when none was).
-    pub fn evaluate(&mut self, params: &[f32], state: &[f32], x: &[f32], y: &[u32]) -> Result<BatchStats, NetError> {
+    pub fn evaluate(
+        &mut self,
+        params: &[f32],
+        state: &[f32],
+        x: &[f32],
+        y: &[u32],
+    ) -> Result<BatchStats, NetError> {
         self.check("params", params.len(), self.num_params())?;
         self.check("state", state.len(), self.num_state())?;
         self.check_batch(x, y)?;
@@ -412,11 +446,17 @@ impl Network {
     }
 
     /// Sample-major logits `[batch × classes]` of `x` in evaluation mode (tests and inference).
-    pub fn logits(&mut self, params: &[f32], state: &[f32], x: &[f32], out: &mut Vec<f32>) -> Result<(), NetError> {
+    pub fn logits(
+        &mut self,
+        params: &[f32],
+        state: &[f32],
+        x: &[f32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), NetError> {
         self.check("params", params.len(), self.num_params())?;
         self.check("state", state.len(), self.num_state())?;
         let f = self.input.features();
-        if f == 0 || x.len() % f != 0 {
+        if f == 0 || !x.len().is_multiple_of(f) {
             return Err(NetError::Length { what: "the input batch", expected: f, got: x.len() });
         }
         let batch = x.len() / f;

@@ -45,7 +45,10 @@ fn main() {
     }
     let records = peak::measure(&opts);
     let libs = ["tandem", "gemm-crate", "matrixmultiply", "openblas"];
-    println!("\n{:24} {:>7} {:>8} {:>10} {:>12} {:>15} {:>10}  GFLOP/s", "shape", "m·n·k", "threads", libs[0], libs[1], libs[2], libs[3]);
+    println!(
+        "\n{:24} {:>7} {:>8} {:>10} {:>12} {:>15} {:>10}  GFLOP/s",
+        "shape", "m·n·k", "threads", libs[0], libs[1], libs[2], libs[3]
+    );
     let mut rows: BTreeMap<(usize, usize), Vec<&peak::GemmRecord>> = BTreeMap::new();
     for (i, r) in records.iter().enumerate() {
         let shape_idx = opts.shapes.iter().position(|s| s == &r.shape).unwrap_or(i);
@@ -68,10 +71,10 @@ fn main() {
         );
     }
     let report = serde_json::json!({ "bench": "gemm-peak", "cpu": cpu, "fma_loop_gflops_per_core": fma, "records": records });
-    if let Some(path) = json_out {
-        if let Err(e) = std::fs::write(&path, format!("{report}\n")) {
-            fail(&format!("writing {path}: {e}"));
-        }
+    if let Some(path) = json_out
+        && let Err(e) = std::fs::write(&path, format!("{report}\n"))
+    {
+        fail(&format!("writing {path}: {e}"));
     }
 }
 

@@ -125,6 +125,23 @@ impl Conv2d {
     }
 }
 
+crate::simd::multiversion! {
+/// Adds each pixel's column `cols[q]` (`k` values in tap order) into the padded input gradient at
+/// its patch: one contiguous run of `cin` values per tap.
+fn scatter(dxp: &mut [f32], cols: &[f32], pix: &[usize], tap: &[usize], base: usize, cin: usize) {
+    let k = tap.len();
+    for (&p, col) in pix.iter().zip(cols.chunks_exact(k)) {
+        let origin = p - base;
+        for (t, run) in col.chunks_exact(cin).enumerate() {
+            let at = origin + tap[t * cin];
+            for (d, &s) in dxp[at..at + cin].iter_mut().zip(run) {
+                *d += s;
+            }
+        }
+    }
+}
+}
+
 impl Layer for Conv2d {
     fn describe(&self) -> String {
         let s = &self.spec;
@@ -321,17 +338,19 @@ impl Layer for Conv2d {
                 let q1 = (q0 + DX_CHUNK).min(p1);
                 let rows = q1 - q0;
                 let a = MatA::row_major(&dy_mine[(q0 - p0) * cout..], cout);
-                let r = gemm(rows, k, cout, a, MatB::row_major(wk, k), &mut chunk[..rows * k], k, Epilogue::default());
+                let r = gemm(
+                    rows,
+                    k,
+                    cout,
+                    a,
+                    MatB::row_major(wk, k),
+                    &mut chunk[..rows * k],
+                    k,
+                    Epilogue::default(),
+                );
                 debug_assert!(r.is_ok(), "{r:?}");
-                for (q, col) in (q0..q1).zip(chunk.chunks_exact(k)) {
-                    let origin = pix[q] - base;
-                    for (t, run) in col.chunks_exact(cin).enumerate() {
-                        let at = origin + tap[t * cin];
-                        for (d, &s) in dxp_mine[at..at + cin].iter_mut().zip(run) {
-                            *d += s;
-                        }
-                    }
-                }
+                let part = &chunk[..rows * k];
+                scatter(dxp_mine, part, &pix[q0..q1], tap, base, cin);
                 q0 = q1;
             }
             // SAFETY: the threads' samples of dx are disjoint.

@@ -24,7 +24,14 @@ impl BatchNorm {
             Layout::Features(f) => f,
             Layout::Image { c, .. } => c,
         };
-        Self { layout, channels, eps: 1e-5, momentum: 0.1, mean: vec![0.0; channels], inv_std: vec![0.0; channels] }
+        Self {
+            layout,
+            channels,
+            eps: 1e-5,
+            momentum: 0.1,
+            mean: vec![0.0; channels],
+            inv_std: vec![0.0; channels],
+        }
     }
 
     /// `(offset, stride, count)` of channel `ch`'s values in a batch of `n`.

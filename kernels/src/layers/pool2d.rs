@@ -79,34 +79,11 @@ impl Layer for MaxPool2d {
             // SAFETY: each thread writes only its own samples' outputs and indices.
             let y_mine = unsafe { ys.range(samples.start * out_img..samples.end * out_img) };
             let i_mine = unsafe { idx.range(samples.start * out_img..samples.end * out_img) };
+            let dims = MaxDims { c, h, w, ho, wo, k, stride, pad };
             for (bi, b) in samples.enumerate() {
-                let xb = b * h * w * c;
-                for oy in 0..ho {
-                    for ox in 0..wo {
-                        let o = ((bi * ho + oy) * wo + ox) * c;
-                        let (yo, io) = (&mut y_mine[o..o + c], &mut i_mine[o..o + c]);
-                        yo.fill(f32::NEG_INFINITY);
-                        for ky in 0..k {
-                            let Some(iy) = (oy * stride + ky).checked_sub(pad).filter(|&v| v < h) else {
-                                continue;
-                            };
-                            for kx in 0..k {
-                                let Some(ix) = (ox * stride + kx).checked_sub(pad).filter(|&v| v < w) else {
-                                    continue;
-                                };
-                                let at = xb + (iy * w + ix) * c;
-                                for (ch, (yv, iv)) in yo.iter_mut().zip(io.iter_mut()).enumerate() {
-                                    let v = x[at + ch];
-                                    // `>` keeps the first maximum, as PyTorch does; NaN wins.
-                                    if v > *yv || v.is_nan() {
-                                        *yv = v;
-                                        *iv = (at + ch) as u32;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+                let o = bi * ho * wo * c;
+                let (yo, io) = (&mut y_mine[o..o + ho * wo * c], &mut i_mine[o..o + ho * wo * c]);
+                max_sample(&dims, x, b * h * w * c, yo, io);
             }
         });
     }
@@ -140,6 +117,49 @@ impl Layer for MaxPool2d {
             }
         });
     }
+}
+
+struct MaxDims {
+    c: usize,
+    h: usize,
+    w: usize,
+    ho: usize,
+    wo: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+}
+
+crate::simd::multiversion! {
+/// One sample's max pooling: values and argmax indices (absolute in `x`). Branch-free over the
+/// channels so it vectorises; `>` keeps the first maximum, as PyTorch does.
+fn max_sample(d: &MaxDims, x: &[f32], xb: usize, y: &mut [f32], idx: &mut [u32]) {
+    let c = d.c;
+    for oy in 0..d.ho {
+        for ox in 0..d.wo {
+            let o = (oy * d.wo + ox) * c;
+            let (yo, io) = (&mut y[o..o + c], &mut idx[o..o + c]);
+            yo.fill(f32::NEG_INFINITY);
+            for ky in 0..d.k {
+                let Some(iy) = (oy * d.stride + ky).checked_sub(d.pad).filter(|&v| v < d.h) else {
+                    continue;
+                };
+                for kx in 0..d.k {
+                    let Some(ix) = (ox * d.stride + kx).checked_sub(d.pad).filter(|&v| v < d.w) else {
+                        continue;
+                    };
+                    let at = xb + (iy * d.w + ix) * c;
+                    let xs = &x[at..at + c];
+                    for (ch, ((yv, iv), &v)) in yo.iter_mut().zip(io.iter_mut()).zip(xs).enumerate() {
+                        let take = v > *yv;
+                        *yv = if take { v } else { *yv };
+                        *iv = if take { (at + ch) as u32 } else { *iv };
+                    }
+                }
+            }
+        }
+    }
+}
 }
 
 /// Average pooling (zero padding counted in the divisor, PyTorch's `count_include_pad=True`).
@@ -209,7 +229,8 @@ impl Layer for AvgPool2d {
             let y_mine = unsafe { ys.range(samples.start * out_img..samples.end * out_img) };
             y_mine.fill(0.0);
             for (bi, b) in samples.enumerate() {
-                let (xb, yb) = (&x[b * in_img..(b + 1) * in_img], &mut y_mine[bi * out_img..(bi + 1) * out_img]);
+                let (xb, yb) =
+                    (&x[b * in_img..(b + 1) * in_img], &mut y_mine[bi * out_img..(bi + 1) * out_img]);
                 self.windows(|o, i| {
                     for (d, &s) in yb[o..o + c].iter_mut().zip(&xb[i..i + c]) {
                         *d += s;
@@ -245,7 +266,8 @@ impl Layer for AvgPool2d {
             let dx_mine = unsafe { dxs.range(samples.start * in_img..samples.end * in_img) };
             dx_mine.fill(0.0);
             for (bi, b) in samples.enumerate() {
-                let (gb, db) = (&dy[b * out_img..(b + 1) * out_img], &mut dx_mine[bi * in_img..(bi + 1) * in_img]);
+                let (gb, db) =
+                    (&dy[b * out_img..(b + 1) * out_img], &mut dx_mine[bi * in_img..(bi + 1) * in_img]);
                 self.windows(|o, i| {
                     for (d, &s) in db[i..i + c].iter_mut().zip(&gb[o..o + c]) {
                         *d += s * scale;
