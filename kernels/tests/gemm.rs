@@ -1,5 +1,6 @@
 //! The GEMM against the naive triple loop: every micro-tile shape, odd sizes, strided, transposed
 //! and table-addressed operands, accumulation, both bias kinds, ReLU, both micro-kernels and a pool.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 mod common;
 
@@ -50,8 +51,18 @@ fn row_major_matches_naive_on_both_kernels() {
         let want = naive(&case, &|i, p| a[i * k + p], &|p, j| b[p * n + j]);
         for isa in [Isa::Avx512, Isa::Portable] {
             let mut c = vec![f32::NAN; m * n];
-            gemm_with(isa, m, n, k, MatA::row_major(&a, k), MatB::row_major(&b, n), &mut c, n, Epilogue::default())
-                .unwrap();
+            gemm_with(
+                isa,
+                m,
+                n,
+                k,
+                MatA::row_major(&a, k),
+                MatB::row_major(&b, n),
+                &mut c,
+                n,
+                Epilogue::default(),
+            )
+            .unwrap();
             assert_close(&c, &want, 1e-5 * (k as f32).sqrt().max(1.0), &format!("{isa:?} {m}x{n}x{k}"));
         }
     }
@@ -73,8 +84,18 @@ fn transposed_a_padded_ldc_accumulate_bias_relu() {
             for (bias, relu) in [(Bias::PerRow(&row_bias), true), (Bias::PerCol(&col_bias), false)] {
                 let mut c = c0.clone();
                 let epi = Epilogue { accumulate: true, bias, relu };
-                gemm_with(isa, m, n, k, MatA::transposed(&at, m), MatB::row_major(&b, n + 2), &mut c, ldc, epi)
-                    .unwrap();
+                gemm_with(
+                    isa,
+                    m,
+                    n,
+                    k,
+                    MatA::transposed(&at, m),
+                    MatB::row_major(&b, n + 2),
+                    &mut c,
+                    ldc,
+                    epi,
+                )
+                .unwrap();
                 let mut want = c0.clone();
                 for i in 0..m {
                     for j in 0..n {
@@ -124,11 +145,34 @@ fn parallel_rows_match_single_thread() {
             let b = rng.vec(k * n);
             let mut one = vec![0.0; m * n];
             let mut par = vec![0.0; m * n];
-            gemm_with(Isa::detect(), m, n, k, MatA::row_major(&a, k), MatB::row_major(&b, n), &mut one, n, Epilogue::default())
-                .unwrap();
-            gemm_parallel(&pool, m, n, k, MatA::row_major(&a, k), MatB::row_major(&b, n), &mut par, n, Epilogue::default())
-                .unwrap();
-            assert_eq!(one, par, "{threads} threads, {m}x{n}x{k}: a row's result must not depend on the split");
+            gemm_with(
+                Isa::detect(),
+                m,
+                n,
+                k,
+                MatA::row_major(&a, k),
+                MatB::row_major(&b, n),
+                &mut one,
+                n,
+                Epilogue::default(),
+            )
+            .unwrap();
+            gemm_parallel(
+                &pool,
+                m,
+                n,
+                k,
+                MatA::row_major(&a, k),
+                MatB::row_major(&b, n),
+                &mut par,
+                n,
+                Epilogue::default(),
+            )
+            .unwrap();
+            assert_eq!(
+                one, par,
+                "{threads} threads, {m}x{n}x{k}: a row's result must not depend on the split"
+            );
         }
     }
 }
@@ -138,15 +182,79 @@ fn out_of_bounds_operands_are_errors() {
     let a = vec![0.0; 10];
     let b = vec![0.0; 10];
     let mut c = vec![0.0; 4];
-    let err = gemm_with(Isa::detect(), 2, 2, 5, MatA::row_major(&a, 5), MatB::row_major(&b, 2), &mut c, 2, Epilogue::default());
+    let err = gemm_with(
+        Isa::detect(),
+        2,
+        2,
+        5,
+        MatA::row_major(&a, 5),
+        MatB::row_major(&b, 2),
+        &mut c,
+        2,
+        Epilogue::default(),
+    );
     assert!(err.is_ok());
-    let err = gemm_with(Isa::detect(), 2, 2, 6, MatA::row_major(&a, 6), MatB::row_major(&b, 2), &mut c, 2, Epilogue::default())
-        .unwrap_err();
+    let err = gemm_with(
+        Isa::detect(),
+        2,
+        2,
+        6,
+        MatA::row_major(&a, 6),
+        MatB::row_major(&b, 2),
+        &mut c,
+        2,
+        Epilogue::default(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("operand A"), "{err}");
-    let err = gemm_with(Isa::detect(), 2, 3, 1, MatA::row_major(&a, 1), MatB::row_major(&b, 3), &mut c, 3, Epilogue::default())
-        .unwrap_err();
+    let err = gemm_with(
+        Isa::detect(),
+        2,
+        3,
+        1,
+        MatA::row_major(&a, 1),
+        MatB::row_major(&b, 3),
+        &mut c,
+        3,
+        Epilogue::default(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("operand C"), "{err}");
-    let err = gemm_with(Isa::detect(), 2, 3, 1, MatA::row_major(&a, 1), MatB::row_major(&b, 3), &mut c, 2, Epilogue::default())
-        .unwrap_err();
+    let err = gemm_with(
+        Isa::detect(),
+        2,
+        3,
+        1,
+        MatA::row_major(&a, 1),
+        MatB::row_major(&b, 3),
+        &mut c,
+        2,
+        Epilogue::default(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("row stride"), "{err}");
+}
+
+#[test]
+fn peak_tool_measures_every_library_and_reads_the_cpu() {
+    use tandem_kernels::peak::{PeakOptions, Shape, measure, theoretical};
+    let cpu = theoretical();
+    assert!(cpu.lanes >= 4 && cpu.cores >= 1, "{cpu:?}");
+    let opts = PeakOptions {
+        threads: vec![1, 2],
+        seconds: 0.01,
+        shapes: vec![Shape { name: "small", m: 20, n: 30, k: 40 }],
+        references: true,
+    };
+    let recs = measure(&opts);
+    for lib in ["tandem", "gemm-crate"] {
+        for t in [1, 2] {
+            let r = recs
+                .iter()
+                .find(|r| r.library == lib && r.threads == t)
+                .unwrap_or_else(|| panic!("{lib} at {t} threads missing"));
+            assert!(r.gflops > 0.0 && r.seconds > 0.0, "{r:?}");
+        }
+    }
+    assert!(recs.iter().any(|r| r.library == "matrixmultiply" && r.threads == 1));
 }

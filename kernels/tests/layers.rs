@@ -1,13 +1,14 @@
 //! Every layer against its naive form: forward values, parameter gradients and input gradients,
 //! on odd shapes, with stride and padding, at 1 and 2 threads. Batch norm and the loss are also
 //! checked by finite differences (they are smooth).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 mod common;
 
 use common::{Rand, assert_close};
 use tandem_kernels::layers::{
-    AvgPool2d, BatchNorm, Conv2d, ConvSpec, Ctx, Dense, Flatten, GlobalAvgPool, Layer, Layout, MaxPool2d, PoolSpec,
-    Relu, SoftmaxCrossEntropy, State,
+    AvgPool2d, BatchNorm, Conv2d, ConvSpec, Ctx, Dense, Flatten, GlobalAvgPool, Layer, Layout, MaxPool2d,
+    PoolSpec, Relu, SoftmaxCrossEntropy, State,
 };
 use tandem_kernels::pool::Pool;
 
@@ -18,7 +19,15 @@ struct Run {
     grads: Vec<f32>,
 }
 
-fn run(layer: &mut dyn Layer, threads: usize, batch: usize, params: &[f32], state: &mut [f32], x: &[f32], dy: &[f32]) -> Run {
+fn run(
+    layer: &mut dyn Layer,
+    threads: usize,
+    batch: usize,
+    params: &[f32],
+    state: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+) -> Run {
     let pool = Pool::new(threads);
     let cx = Ctx { pool: &pool, batch };
     layer.reserve(batch, threads);
@@ -38,7 +47,9 @@ fn param_len(layer: &dyn Layer) -> usize {
 #[test]
 fn dense_matches_naive() {
     let mut rng = Rand::new(10);
-    for &(i, o, n, relu) in &[(1, 1, 1, false), (7, 5, 3, true), (33, 17, 20, true), (64, 10, 65, false), (100, 130, 7, true)] {
+    for &(i, o, n, relu) in
+        &[(1, 1, 1, false), (7, 5, 3, true), (33, 17, 20, true), (64, 10, 65, false), (100, 130, 7, true)]
+    {
         let mut layer = Dense::new(i, o, relu);
         let params = rng.vec(param_len(&layer));
         let (w, b) = params.split_at(o * i);
@@ -80,7 +91,15 @@ fn dense_matches_naive() {
 }
 
 /// Naive NHWC convolution: (y, grads [w then b], dx).
-fn conv_naive(s: ConvSpec, h: usize, w: usize, n: usize, params: &[f32], x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn conv_naive(
+    s: ConvSpec,
+    h: usize,
+    w: usize,
+    n: usize,
+    params: &[f32],
+    x: &[f32],
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let ConvSpec { cin, cout, kh, kw, stride, pad, bias, relu } = s;
     let ho = (h + 2 * pad - kh) / stride + 1;
     let wo = (w + 2 * pad - kw) / stride + 1;
@@ -93,7 +112,8 @@ fn conv_naive(s: ConvSpec, h: usize, w: usize, n: usize, params: &[f32], x: &[f3
         let mut v = Vec::new();
         for ky in 0..kh {
             for kx in 0..kw {
-                let (iy, ix) = ((oy * stride + ky) as isize - pad as isize, (ox * stride + kx) as isize - pad as isize);
+                let (iy, ix) =
+                    ((oy * stride + ky) as isize - pad as isize, (ox * stride + kx) as isize - pad as isize);
                 if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                     v.push((ky, kx, iy as usize, ix as usize));
                 }
@@ -177,11 +197,20 @@ fn conv_rejects_a_kernel_that_does_not_fit() {
     assert!(err.contains("does not fit"), "{err}");
 }
 
-fn pool_taps(k: usize, stride: usize, pad: usize, h: usize, w: usize, oy: usize, ox: usize) -> Vec<(usize, usize)> {
+fn pool_taps(
+    k: usize,
+    stride: usize,
+    pad: usize,
+    h: usize,
+    w: usize,
+    oy: usize,
+    ox: usize,
+) -> Vec<(usize, usize)> {
     let mut v = Vec::new();
     for ky in 0..k {
         for kx in 0..k {
-            let (iy, ix) = ((oy * stride + ky) as isize - pad as isize, (ox * stride + kx) as isize - pad as isize);
+            let (iy, ix) =
+                ((oy * stride + ky) as isize - pad as isize, (ox * stride + kx) as isize - pad as isize);
             if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                 v.push((iy as usize, ix as usize));
             }
@@ -193,7 +222,9 @@ fn pool_taps(k: usize, stride: usize, pad: usize, h: usize, w: usize, oy: usize,
 #[test]
 fn pooling_matches_naive() {
     let mut rng = Rand::new(12);
-    for &(c, h, w, k, stride, pad, n) in &[(3, 7, 6, 2, 2, 0, 2), (2, 9, 9, 3, 2, 1, 3), (16, 28, 28, 2, 2, 0, 2), (5, 5, 5, 3, 1, 1, 1)] {
+    for &(c, h, w, k, stride, pad, n) in
+        &[(3, 7, 6, 2, 2, 0, 2), (2, 9, 9, 3, 2, 1, 3), (16, 28, 28, 2, 2, 0, 2), (5, 5, 5, 3, 1, 1, 1)]
+    {
         let spec = PoolSpec { k, stride, pad };
         let ho = (h + 2 * pad - k) / stride + 1;
         let wo = (w + 2 * pad - k) / stride + 1;
@@ -208,7 +239,11 @@ fn pooling_matches_naive() {
                 for ox in 0..wo {
                     for ch in 0..c {
                         let taps = pool_taps(k, stride, pad, h, w, oy, ox);
-                        let best = taps.iter().copied().max_by(|a, bb| x[xi(b, a.0, a.1, ch)].total_cmp(&x[xi(b, bb.0, bb.1, ch)])).unwrap();
+                        let best = taps
+                            .iter()
+                            .copied()
+                            .max_by(|a, bb| x[xi(b, a.0, a.1, ch)].total_cmp(&x[xi(b, bb.0, bb.1, ch)]))
+                            .unwrap();
                         let o = yi(b, oy, ox, ch);
                         ymax[o] = x[xi(b, best.0, best.1, ch)];
                         dmax[xi(b, best.0, best.1, ch)] += dy[o];
@@ -323,11 +358,15 @@ fn batch_norm_train_eval_running_stats_and_gradients() {
             let m: f64 = idx.iter().map(|&i| x[i] as f64).sum::<f64>() / idx.len() as f64;
             let v: f64 = idx.iter().map(|&i| (x[i] as f64 - m).powi(2)).sum::<f64>() / idx.len() as f64;
             for &i in &idx {
-                want[i] = ((x[i] as f64 - m) / (v + 1e-5).sqrt() * params[ch] as f64 + params[c + ch] as f64) as f32;
+                want[i] = ((x[i] as f64 - m) / (v + 1e-5).sqrt() * params[ch] as f64 + params[c + ch] as f64)
+                    as f32;
             }
             let unbiased = v * idx.len() as f64 / (idx.len() - 1) as f64;
             assert!((state[ch] as f64 - 0.1 * m).abs() < 1e-5, "running mean of channel {ch}");
-            assert!((state[c + ch] as f64 - (0.9 + 0.1 * unbiased)).abs() < 1e-4, "running var of channel {ch}");
+            assert!(
+                (state[c + ch] as f64 - (0.9 + 0.1 * unbiased)).abs() < 1e-4,
+                "running var of channel {ch}"
+            );
         }
         assert_close(&r.y, &want, 1e-5, &format!("batch norm {layout:?}: training forward"));
         // Evaluation uses the running statistics.
@@ -350,11 +389,18 @@ fn batch_norm_train_eval_running_stats_and_gradients() {
                 *slot = orig + h;
                 let up = bn_objective(layout, n, &p, &xx, &dy);
                 let (mut p2, mut xx2) = (params.clone(), x.clone());
-                if which == "param" { p2[i] = orig - h } else { xx2[i] = orig - h }
+                if which == "param" {
+                    p2[i] = orig - h
+                } else {
+                    xx2[i] = orig - h
+                }
                 let down = bn_objective(layout, n, &p2, &xx2, &dy);
                 let fd = ((up - down) / (2.0 * h as f64)) as f32;
                 let an = if which == "param" { r.grads[i] } else { r.dx[i] };
-                assert!((fd - an).abs() < 2e-2 * fd.abs().max(1.0), "batch norm {layout:?} {which} {i}: analytic {an}, finite difference {fd}");
+                assert!(
+                    (fd - an).abs() < 2e-2 * fd.abs().max(1.0),
+                    "batch norm {layout:?} {which} {i}: analytic {an}, finite difference {fd}"
+                );
             }
         }
     }
@@ -386,7 +432,12 @@ fn softmax_cross_entropy_matches_naive_and_finite_differences() {
         up[i] += h;
         let mut down = logits.clone();
         down[i] -= h;
-        let fd = (loss.run(&up, &labels, None).0 - loss.run(&down, &labels, None).0) / n as f64 / (2.0 * h as f64);
-        assert!((fd as f32 - grad[i]).abs() < 1e-3, "logit {i}: analytic {}, finite difference {fd}", grad[i]);
+        let fd =
+            (loss.run(&up, &labels, None).0 - loss.run(&down, &labels, None).0) / n as f64 / (2.0 * h as f64);
+        assert!(
+            (fd as f32 - grad[i]).abs() < 1e-3,
+            "logit {i}: analytic {}, finite difference {fd}",
+            grad[i]
+        );
     }
 }
