@@ -188,10 +188,7 @@ pub fn gemm(
     ldc: usize,
     epi: Epilogue<'_>,
 ) -> Result<(), GemmError> {
-    check(m, n, k, &a, &b, c.len(), ldc, &epi)?;
-    // SAFETY: `check` proved every address the shape reaches lies inside its buffer.
-    unsafe { run_rows(Isa::detect(), 0..m, n, k, &a, &b, c.as_mut_ptr(), ldc, &epi) };
-    Ok(())
+    gemm_with(Isa::detect(), m, n, k, a, b, c, ldc, epi)
 }
 
 /// [`gemm`] with an explicit micro-kernel (tests compare the two).
@@ -209,7 +206,7 @@ pub fn gemm_with(
 ) -> Result<(), GemmError> {
     let isa = if isa == Isa::Avx512 && Isa::detect() != Isa::Avx512 { Isa::Portable } else { isa };
     check(m, n, k, &a, &b, c.len(), ldc, &epi)?;
-    // SAFETY: as in `gemm`.
+    // SAFETY: `check` proved every address the shape reaches lies inside its buffer.
     unsafe { run_rows(isa, 0..m, n, k, &a, &b, c.as_mut_ptr(), ldc, &epi) };
     Ok(())
 }
@@ -234,7 +231,7 @@ pub fn gemm_parallel(
     let (mr, _) = shape(n);
     let tiles = m.div_ceil(mr);
     if threads == 1 || tiles < 2 {
-        // SAFETY: as in `gemm`.
+        // SAFETY: as in `gemm_with`.
         unsafe { run_rows(isa, 0..m, n, k, &a, &b, c.as_mut_ptr(), ldc, &epi) };
         return Ok(());
     }
@@ -245,7 +242,7 @@ pub fn gemm_parallel(
         if rows.is_empty() {
             return;
         }
-        // SAFETY: bounds as in `gemm`; the row blocks of the threads are disjoint, so are the parts
+        // SAFETY: bounds as in `gemm_with`; the row blocks of the threads are disjoint, so are the parts
         // of C they write (rows·ldc .. rows·ldc + n, with ldc ≥ n).
         unsafe { run_rows(isa, rows, n, k, &a, &b, out.as_ptr(), ldc, &epi) };
     });

@@ -182,56 +182,25 @@ fn out_of_bounds_operands_are_errors() {
     let a = vec![0.0; 10];
     let b = vec![0.0; 10];
     let mut c = vec![0.0; 4];
-    let err = gemm_with(
-        Isa::detect(),
-        2,
-        2,
-        5,
-        MatA::row_major(&a, 5),
-        MatB::row_major(&b, 2),
-        &mut c,
-        2,
-        Epilogue::default(),
-    );
-    assert!(err.is_ok());
-    let err = gemm_with(
-        Isa::detect(),
-        2,
-        2,
-        6,
-        MatA::row_major(&a, 6),
-        MatB::row_major(&b, 2),
-        &mut c,
-        2,
-        Epilogue::default(),
-    )
-    .unwrap_err();
+    let mut call = |n: usize, k: usize, ldc: usize| {
+        gemm_with(
+            Isa::detect(),
+            2,
+            n,
+            k,
+            MatA::row_major(&a, k),
+            MatB::row_major(&b, n),
+            &mut c,
+            ldc,
+            Epilogue::default(),
+        )
+    };
+    assert!(call(2, 5, 2).is_ok());
+    let err = call(2, 6, 2).unwrap_err();
     assert!(err.to_string().contains("operand A"), "{err}");
-    let err = gemm_with(
-        Isa::detect(),
-        2,
-        3,
-        1,
-        MatA::row_major(&a, 1),
-        MatB::row_major(&b, 3),
-        &mut c,
-        3,
-        Epilogue::default(),
-    )
-    .unwrap_err();
+    let err = call(3, 1, 3).unwrap_err();
     assert!(err.to_string().contains("operand C"), "{err}");
-    let err = gemm_with(
-        Isa::detect(),
-        2,
-        3,
-        1,
-        MatA::row_major(&a, 1),
-        MatB::row_major(&b, 3),
-        &mut c,
-        2,
-        Epilogue::default(),
-    )
-    .unwrap_err();
+    let err = call(3, 1, 2).unwrap_err();
     assert!(err.to_string().contains("row stride"), "{err}");
 }
 
