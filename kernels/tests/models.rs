@@ -10,7 +10,7 @@ use tandem_kernels::layers::{
     BatchNorm, Conv2d, ConvSpec, Dense, GlobalAvgPool, Layout, MaxPool2d, PoolSpec, Relu,
 };
 use tandem_kernels::models;
-use tandem_kernels::net::{NetError, Network, NetworkBuilder};
+use tandem_kernels::net::{Batch, NetError, Network, NetworkBuilder};
 
 fn setup(net: &Network, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut rng = Rand::new(seed);
@@ -29,13 +29,13 @@ fn setup(net: &Network, seed: u64) -> (Vec<f32>, Vec<f32>) {
 fn check_gradient(mut net: Network, batch: usize, seed: u64) {
     let mut rng = Rand::new(seed);
     let (params, state) = setup(&net, seed);
-    let x = rng.vec(batch * net.input_features());
+    let x = rng.vec(batch * net.input_len());
     let y: Vec<u32> = (0..batch).map(|_| rng.below(net.classes()) as u32).collect();
     let mut grads = vec![0.0; params.len()];
     let mut s = state.clone();
-    net.forward_backward(&params, &mut s, &mut grads, &x, &y).unwrap();
+    net.forward_backward(&params, &mut s, &mut grads, Batch::Values(&x), &y).unwrap();
     for e in net.params() {
-        let g = &grads[e.offset..e.offset + e.len];
+        let g = &grads[e.range()];
         assert!(g.iter().any(|&v| v != 0.0), "{} received no gradient", e.name);
         assert!(g.iter().all(|v| v.is_finite()), "{} has a non-finite gradient", e.name);
     }
@@ -43,7 +43,7 @@ fn check_gradient(mut net: Network, batch: usize, seed: u64) {
     let mut loss_at = |p: &[f32]| {
         let mut s = state.clone();
         let mut g = vec![0.0; p.len()];
-        net.forward_backward(p, &mut s, &mut g, &x, &y).unwrap().loss as f64
+        net.forward_backward(p, &mut s, &mut g, Batch::Values(&x), &y).unwrap().loss as f64
     };
     let h = 1e-3f32;
     let step = (params.len() / 60).max(1);
@@ -126,14 +126,14 @@ fn batch_norm_state_is_updated_in_training_and_read_in_evaluation() {
     let (params, state0) = setup(&net, 6);
     assert_eq!(&state0[4..8], &[1.0; 4], "running variances start at 1");
     let mut rng = Rand::new(7);
-    let x = rng.vec(4 * net.input_features());
+    let x = rng.vec(4 * net.input_len());
     let y = [0u32, 1, 2, 0];
-    let before = net.evaluate(&params, &state0, &x, &y).unwrap();
+    let before = net.evaluate(&params, &state0, Batch::Values(&x), &y).unwrap();
     let mut state = state0.clone();
     let mut grads = vec![0.0; params.len()];
-    net.forward_backward(&params, &mut state, &mut grads, &x, &y).unwrap();
+    net.forward_backward(&params, &mut state, &mut grads, Batch::Values(&x), &y).unwrap();
     assert_ne!(state, state0, "a training step must update the running statistics");
-    let after = net.evaluate(&params, &state, &x, &y).unwrap();
+    let after = net.evaluate(&params, &state, Batch::Values(&x), &y).unwrap();
     assert_ne!(before.loss, after.loss, "evaluation must use the running statistics");
 }
 
@@ -149,11 +149,11 @@ fn two_threads_match_one() {
         let (mut a, mut b) = (a, b);
         let (params, mut state) = setup(&a, 8);
         let mut rng = Rand::new(9);
-        let x = rng.vec(17 * a.input_features());
+        let x = rng.vec(17 * a.input_len());
         let y: Vec<u32> = (0..17).map(|_| rng.below(10) as u32).collect();
         let (mut ga, mut gb) = (vec![0.0; params.len()], vec![0.0; params.len()]);
-        let sa = a.forward_backward(&params, &mut state, &mut ga, &x, &y).unwrap();
-        let sb = b.forward_backward(&params, &mut state, &mut gb, &x, &y).unwrap();
+        let sa = a.forward_backward(&params, &mut state, &mut ga, Batch::Values(&x), &y).unwrap();
+        let sb = b.forward_backward(&params, &mut state, &mut gb, Batch::Values(&x), &y).unwrap();
         assert!((sa.loss - sb.loss).abs() < 1e-5);
         common::assert_close(&gb, &ga, 1e-5, "gradient at 2 threads vs 1");
     }
@@ -164,11 +164,15 @@ fn bad_input_is_a_clear_error() {
     let mut net = models::mlp(4, &[3], 2, 1).unwrap();
     let (params, mut state) = setup(&net, 10);
     let mut grads = vec![0.0; params.len()];
-    let err = net.forward_backward(&params, &mut state, &mut grads, &[0.0; 7], &[0, 1]).unwrap_err();
-    assert_eq!(err, NetError::Length { what: "the input batch", expected: 8, got: 7 });
-    let err = net.forward_backward(&params, &mut state, &mut grads, &[0.0; 8], &[0, 2]).unwrap_err();
-    assert!(err.to_string().contains("label 2 of sample 1"), "{err}");
-    let err = net.forward_backward(&params[1..], &mut state, &mut grads, &[0.0; 8], &[0, 1]).unwrap_err();
+    let err =
+        net.forward_backward(&params, &mut state, &mut grads, Batch::Values(&[0.0; 7]), &[0, 1]).unwrap_err();
+    assert_eq!(err, NetError::Length { what: "the input batch", expected: 4, got: 7 });
+    let err =
+        net.forward_backward(&params, &mut state, &mut grads, Batch::Values(&[0.0; 8]), &[0, 2]).unwrap_err();
+    assert!(err.to_string().contains("label 2 of target 1"), "{err}");
+    let err = net
+        .forward_backward(&params[1..], &mut state, &mut grads, Batch::Values(&[0.0; 8]), &[0, 1])
+        .unwrap_err();
     assert!(err.to_string().contains("params has"), "{err}");
     let err =
         NetworkBuilder::new(Layout::Features(4)).push("fc1", Dense::new(5, 2, false)).build(1).unwrap_err();

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use tandem_kernels::models;
-use tandem_kernels::net::Network;
+use tandem_kernels::net::{Batch, Network};
 use tandem_kernels::peak::{self, PeakOptions, Shape};
 
 fn main() {
@@ -77,7 +77,7 @@ fn bench(
     shapes: Vec<Shape>,
 ) -> serde_json::Value {
     let n = net.num_params();
-    let f = net.input_features();
+    let f = net.input_len();
     let mut params = vec![0.0; n];
     let mut state = vec![0.0; net.num_state()];
     let mut grads = vec![0.0; n];
@@ -99,7 +99,7 @@ fn bench(
         let j = i % batches;
         let (x, y) = (&data[j * batch * f..(j + 1) * batch * f], &labels[j * batch..(j + 1) * batch]);
         let t0 = Instant::now();
-        match net.forward_backward(&params, &mut state, &mut grads, x, y) {
+        match net.forward_backward(&params, &mut state, &mut grads, Batch::Values(x), y) {
             Ok(s) => last_loss = s.loss,
             Err(e) => fail(&format!("{name} step: {e}")),
         }
@@ -120,7 +120,7 @@ fn bench(
     let y = &labels[..batch];
     let t0 = Instant::now();
     for _ in 0..steps {
-        if let Err(e) = net.evaluate(&params, &state, x, y) {
+        if let Err(e) = net.evaluate(&params, &state, Batch::Values(x), y) {
             fail(&format!("{name} forward: {e}"));
         }
     }

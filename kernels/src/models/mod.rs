@@ -1,11 +1,9 @@
-//! The trainer's models as engine networks, with the trainer's architecture, parameter names,
-//! flat order and initialisation scheme (`trainer/src/model.rs`):
-//! - `mlp`: dense layers `fc1..fcN` (hidden widths, ReLU between), softmax cross-entropy;
-//! - `cnn` (LeNet-style): `conv1`, `conv2` (5×5, padding 2, stride 1, ReLU, then 2×2 max pooling
-//!   each), flatten in PyTorch's `(c, h, w)` order, dense `fc1..fcN`.
-//!
-//! Weights are He-uniform (±√(6/fan_in)) drawn in flat order, biases zero, so
-//! [`crate::net::Network::init`] with the trainer's generator reproduces the trainer's weights.
+//! Models as engine networks, each with PyTorch's parameter names and flat order, adapting to
+//! the input shape the data gives:
+//! - [`mlp`] and [`lenet`]: the trainer's MLP and LeNet-style CNN, with the trainer's names, flat
+//!   order and initialisation (`trainer/src/model.rs`): He-uniform weights (±√(6/fan_in)) drawn in
+//!   flat order, biases zero, so [`crate::net::Network::init`] with the trainer's generator
+//!   reproduces the trainer's weights;
 
 use crate::layers::{Conv2d, ConvSpec, Dense, Flatten, Layout, MaxPool2d, PoolSpec};
 use crate::net::{NetError, Network, NetworkBuilder};
