@@ -21,8 +21,11 @@
 //! train on different data combine their states by averaging them elementwise (see
 //! [`Network::state`]).
 
+use std::time::Instant;
+
 use crate::layers::{
-    Chain, ChainBuilder, Ctx, Entry, Init, Layer, Layout, LogitsOrder, SoftmaxCrossEntropy, State, transpose,
+    Chain, ChainBuilder, Ctx, Entry, Init, Layer, LayerTime, Layout, LogitsOrder, SoftmaxCrossEntropy, State,
+    transpose,
 };
 use crate::pool::Pool;
 
@@ -109,6 +112,17 @@ pub struct BatchStats {
     pub targets: usize,
 }
 
+/// Where the last training step's time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct StepTimes {
+    /// Input layout and forward pass, seconds.
+    pub forward: f64,
+    /// Loss and its gradient, seconds.
+    pub loss: f64,
+    /// Backward pass, seconds.
+    pub backward: f64,
+}
+
 /// Builds a [`Network`] layer by layer.
 pub struct NetworkBuilder {
     chain: ChainBuilder,
@@ -166,6 +180,7 @@ impl NetworkBuilder {
             dlogits: Vec::new(),
             capacity: 0,
             pool: Pool::new(threads),
+            last_step: StepTimes::default(),
         })
     }
 }
@@ -191,6 +206,7 @@ pub struct Network {
     dlogits: Vec<f32>,
     capacity: usize,
     pool: Pool,
+    last_step: StepTimes,
 }
 
 impl std::fmt::Debug for Network {
@@ -253,6 +269,29 @@ impl Network {
     /// Threads of the network's pool.
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// The network's thread pool (for elementwise work over the flat vectors, such as an
+    /// optimizer's update, on the same threads).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Where the last [`Network::forward_backward`] spent its time.
+    pub fn last_step(&self) -> StepTimes {
+        self.last_step
+    }
+
+    /// Starts (or stops and clears) timing every layer's forward and backward passes.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.root.set_profiling(on);
+    }
+
+    /// Every layer's accumulated time since profiling started, nested layers after their parent.
+    pub fn layer_times(&self) -> Vec<LayerTime> {
+        let mut out = Vec::new();
+        self.root.times("", &mut out);
+        out
     }
 
     /// One line per top-level layer.
@@ -383,14 +422,23 @@ impl Network {
             return Ok(BatchStats { loss: 0.0, correct: 0, targets: 0 });
         }
         self.reserve(batch);
+        let t0 = Instant::now();
         self.forward(params, State::Train(state), x, batch);
+        let t1 = Instant::now();
         let out = batch * self.root.output().features();
         let (loss, correct) =
             self.loss.run_with(self.order, &self.logits[..out], y, Some(&mut self.dlogits[..out]));
+        let t2 = Instant::now();
         let Self { root, x0, logits, dlogits, pool, input, .. } = self;
         let (xin, tokens) = view(*input, x, batch, x0);
         let cx = Ctx { pool, batch, tokens };
         root.backward(&cx, params, xin, &logits[..out], &mut dlogits[..out], None, grads);
+        let t3 = Instant::now();
+        self.last_step = StepTimes {
+            forward: (t1 - t0).as_secs_f64(),
+            loss: (t2 - t1).as_secs_f64(),
+            backward: (t3 - t2).as_secs_f64(),
+        };
         Ok(BatchStats { loss: (loss / y.len() as f64) as f32, correct, targets: y.len() })
     }
 

@@ -14,7 +14,9 @@
 
 use std::ops::Range;
 
-use super::{Ctx, Init, Layer, Layout, ParamSpec, State, StateSpec};
+use std::time::Instant;
+
+use super::{Ctx, Init, Layer, LayerTime, Layout, ParamSpec, State, StateSpec};
 
 /// One tensor's place in a flat vector.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -202,6 +204,7 @@ impl ChainBuilder {
             mid: Vec::new(),
             dmid: Vec::new(),
             capacity: 0,
+            times: None,
         })
     }
 }
@@ -217,6 +220,8 @@ pub struct Chain {
     mid: Vec<Vec<f32>>,
     dmid: Vec<Vec<f32>>,
     capacity: usize,
+    /// While profiling: per layer, forward seconds, backward seconds and forward calls.
+    times: Option<Vec<(f64, f64, usize)>>,
 }
 
 impl std::fmt::Debug for Chain {
@@ -294,6 +299,24 @@ impl Layer for Chain {
         self.nodes.iter().enumerate().map(|(i, n)| n.layer.backward_macs(i > 0 || input_grad)).sum()
     }
 
+    fn set_profiling(&mut self, on: bool) {
+        self.times = on.then(|| vec![(0.0, 0.0, 0); self.nodes.len()]);
+        for n in &mut self.nodes {
+            n.layer.set_profiling(on);
+        }
+    }
+
+    fn times(&self, prefix: &str, out: &mut Vec<LayerTime>) {
+        let Some(times) = &self.times else { return };
+        for (n, &(forward, backward, calls)) in self.nodes.iter().zip(times) {
+            let name = join(prefix, &n.name);
+            let at = out.len();
+            n.layer.times(&name, out);
+            let leaf = out.len() == at;
+            out.insert(at, LayerTime { name, kind: n.layer.describe(), leaf, forward, backward, calls });
+        }
+    }
+
     fn reserve(&mut self, batch: usize, threads: usize) {
         for n in &mut self.nodes {
             n.layer.reserve(batch, threads);
@@ -319,7 +342,12 @@ impl Layer for Chain {
             let out = cx.batch * node.layer.output().features();
             let yi: &mut [f32] = if i == last { &mut *y } else { &mut rest[0][..out] };
             let s = sub_state(&mut state, node.state.clone());
+            let t0 = self.times.as_ref().map(|_| Instant::now());
             node.layer.forward(cx, &params[node.params.clone()], s, xi, yi);
+            if let (Some(t0), Some(times)) = (t0, self.times.as_mut()) {
+                times[i].0 += t0.elapsed().as_secs_f64();
+                times[i].2 += 1;
+            }
         }
     }
 
@@ -333,7 +361,7 @@ impl Layer for Chain {
         dx: Option<&mut [f32]>,
         grads: &mut [f32],
     ) {
-        let Self { nodes, mid, dmid, .. } = self;
+        let Self { nodes, mid, dmid, times, .. } = self;
         let last = nodes.len() - 1;
         let mut dx = dx;
         for (i, node) in nodes.iter_mut().enumerate().rev() {
@@ -346,9 +374,13 @@ impl Layer for Chain {
             let dxi: Option<&mut [f32]> =
                 if i == 0 { dx.as_deref_mut() } else { Some(&mut below[i - 1][..fin]) };
             let p = &params[node.params.clone()];
+            let t0 = times.as_ref().map(|_| Instant::now());
             match &mut node.tied {
                 Some(scratch) => node.layer.backward(cx, p, xi, yi, dyi, dxi, scratch),
                 None => node.layer.backward(cx, p, xi, yi, dyi, dxi, &mut grads[node.params.clone()]),
+            }
+            if let (Some(t0), Some(times)) = (t0, times.as_mut()) {
+                times[i].1 += t0.elapsed().as_secs_f64();
             }
         }
         for node in nodes.iter() {

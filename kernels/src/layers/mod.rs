@@ -155,6 +155,23 @@ pub struct Ctx<'a> {
     pub tokens: &'a [u32],
 }
 
+/// Time spent in one layer while profiling (see [`Layer::set_profiling`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LayerTime {
+    /// Full name (`layer1.0.conv1`).
+    pub name: String,
+    /// The layer's description.
+    pub kind: String,
+    /// Whether the layer has no inner layers (composites' times include their layers').
+    pub leaf: bool,
+    /// Forward seconds.
+    pub forward: f64,
+    /// Backward seconds.
+    pub backward: f64,
+    /// Forward passes timed.
+    pub calls: usize,
+}
+
 /// A layer's view of the non-trainable state: writable when training (batch norm updates its
 /// running statistics), read-only when evaluating.
 #[derive(Debug)]
@@ -193,6 +210,15 @@ pub trait Layer: Send {
     /// Makes room for batches of up to `batch` samples (allocates; called before the first step
     /// and whenever a larger batch arrives, never in the steady state).
     fn reserve(&mut self, batch: usize, threads: usize);
+    /// Composites: start (or stop) timing each inner layer's forward and backward passes.
+    fn set_profiling(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// Composites: the inner layers' accumulated times since profiling started, names prefixed
+    /// with `prefix`.
+    fn times(&self, prefix: &str, out: &mut Vec<LayerTime>) {
+        let _ = (prefix, out);
+    }
     /// `y = f(x)`.
     fn forward(&mut self, cx: &Ctx<'_>, params: &[f32], state: State<'_>, x: &[f32], y: &mut [f32]);
     /// Gradients: `dy` in (may be overwritten), `dx` out when given, the gradient slice overwritten.

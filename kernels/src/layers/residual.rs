@@ -7,7 +7,7 @@
 //! gradient down both paths and adds their input gradients.
 
 use super::chain::join;
-use super::{Chain, Ctx, Layer, Layout, ParamSpec, State, StateSpec};
+use super::{Chain, Ctx, Layer, LayerTime, Layout, ParamSpec, State, StateSpec};
 
 /// `post(main(x) + shortcut(x))`.
 pub struct Residual {
@@ -114,6 +114,20 @@ impl Layer for Residual {
     fn backward_macs(&self, input_grad: bool) -> usize {
         self.main.backward_macs(input_grad)
             + self.shortcut.as_ref().map_or(0, |(_, s)| s.backward_macs(input_grad))
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.main.set_profiling(on);
+        if let Some((_, s)) = &mut self.shortcut {
+            s.set_profiling(on);
+        }
+    }
+
+    fn times(&self, prefix: &str, out: &mut Vec<LayerTime>) {
+        self.main.times(prefix, out);
+        if let Some((name, s)) = &self.shortcut {
+            s.times(&join(prefix, name), out);
+        }
     }
 
     fn reserve(&mut self, batch: usize, threads: usize) {
