@@ -444,3 +444,37 @@ fn bad_input_is_a_clear_error() {
         gpt.forward_backward(&params, &mut state, &mut grads, Batch::Values(&[0.0; 7]), &[0; 7]).unwrap_err();
     assert!(err.to_string().contains("takes token ids as input, got float values"), "{err}");
 }
+
+#[test]
+fn profiling_times_every_layer_and_changes_nothing() {
+    let mut net = tiny_resnet(8, ResNetFamily::Cifar, 2, (1, 8, 8), 2);
+    let (params, state0) = setup(&net, 17, 1.0);
+    let mut rng = Rand::new(18);
+    let (x, y) = random_batch(&net, 3, &mut rng);
+    let (mut plain, mut profiled) = (grads_for(&net), grads_for(&net));
+    let mut s = state0.clone();
+    net.forward_backward(&params, &mut s, &mut plain, x.batch(), &y).unwrap();
+    assert!(net.layer_times().is_empty(), "no times unless profiling");
+    net.set_profiling(true);
+    let mut s = state0.clone();
+    net.forward_backward(&params, &mut s, &mut profiled, x.batch(), &y).unwrap();
+    assert_eq!(profiled, plain, "profiling must not change the gradient");
+    let times = net.layer_times();
+    let names: Vec<&str> = times.iter().map(|t| t.name.as_str()).collect();
+    for want in ["conv1", "bn1", "layer1.0", "layer1.0.conv1", "layer2.0.downsample.0", "fc"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for t in &times {
+        assert_eq!(t.calls, 1, "{}: one forward pass", t.name);
+        assert!(t.forward >= 0.0 && t.backward >= 0.0, "{}", t.name);
+        assert_eq!(t.leaf, !names.iter().any(|n| n.starts_with(&format!("{}.", t.name))), "{}", t.name);
+    }
+    // A composite's time includes its layers'.
+    let of = |n: &str| times.iter().find(|t| t.name == n).unwrap();
+    let block = of("layer1.0");
+    let inner: f64 =
+        times.iter().filter(|t| t.leaf && t.name.starts_with("layer1.0.")).map(|t| t.forward).sum();
+    assert!(block.forward >= inner, "layer1.0 forward {} < its layers' {inner}", block.forward);
+    net.set_profiling(false);
+    assert!(net.layer_times().is_empty(), "stopping profiling clears the times");
+}
