@@ -1,9 +1,11 @@
 //! The models against PyTorch: tiny versions of ResNet-8 (CIFAR stem), ResNet-50 (bottlenecks,
 //! ImageNet stem), VGG-A and the GPT, written independently in plain PyTorch
-//! (`fixtures/make_fixtures.py`, which made the fixtures once, in float64). Same tensor names,
+//! (`bench/torch_models.py`, the modules the benchmark times; `fixtures/make_fixtures.py` made the
+//! fixtures once from them, in float64). Same tensor names,
 //! shapes and flat order; with the fixture's parameters, batch-norm state and batch, one training
 //! step must give PyTorch's loss, every gradient value, the updated running statistics, and the
-//! evaluation-mode logits under those statistics — at 1 and 2 threads.
+//! evaluation-mode logits under those statistics — at 1 and 2 threads — and every tensor gets a
+//! non-zero gradient.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 mod common;
@@ -107,6 +109,14 @@ fn check(name: &str) {
         // Per tensor too, so that a small tensor's error is not hidden by a large one's scale.
         let want_g = floats(&f["grads"]);
         for e in net.params() {
+            // Every tensor is reached: a tensor left out of the backward pass would match a zero
+            // reference, so the reference itself must not be zero.
+            assert!(
+                want_g[e.range()].iter().any(|&v| v != 0.0),
+                "{what}: PyTorch's gradient of {} is zero",
+                e.name
+            );
+            assert!(grads[e.range()].iter().any(|&v| v != 0.0), "{what}: {} received no gradient", e.name);
             assert_close(
                 &grads[e.range()],
                 &want_g[e.range()],
