@@ -9,6 +9,8 @@ names and flat order as tandem-kernels' models (torchvision's ResNet and VGG, na
   layer norm, lm_head tied to the token embedding.
 - LeNet: the trainer's CNN (5×5 convolutions, 2×2 max pooling, dense layers).
 """
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -157,6 +159,15 @@ class Gpt(nn.Module):
         self.ln_f = nn.LayerNorm(width)
         self.lm_head = nn.Linear(width, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+        # GPT-2's (nanoGPT's) initialisation, as the engine's: std 0.02, the residual projections
+        # 0.02/√(2·layers), biases zero (PyTorch's default N(0, 1) embeddings would start the tied
+        # logits at a loss of ~40).
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
 
     def forward(self, idx):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
