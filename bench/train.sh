@@ -11,7 +11,7 @@
 # classes, batch 8), gpt (4 layers, 4 heads, width 128, context 128, vocabulary 65, batch 16).
 # Prints per model and thread count samples/s (tokens/s for the GPT), the engine/PyTorch ratio,
 # GFLOP/s of both and the engine's fraction of this machine's GEMM peak at the model's shapes; JSON
-# records go to out/bench/train.json.
+# records go to out/bench/train.json, the ratios' chart to out/bench/train.svg.
 #   bench/train.sh [models, comma-separated | all] [threads, comma-separated]
 #   e.g. bench/train.sh all 1,2        bench/train.sh resnet18,gpt 2
 # Environment: BENCH_SECONDS (timed seconds per model and run, default 5), BENCH_ROUNDS (default
@@ -108,4 +108,38 @@ for m in models:
 print("(GFLOP/s: the engine's count of the step's multiply-adds, ×2, over each one's step time;"
       " best of the rounds)")
 print(json.dumps({"bench": "train", "summary": summary}))
+
+# out/bench/train.svg: engine ÷ PyTorch per model, one bar per thread count, log scale (1 = parity).
+import math
+rows = [r for r in summary]
+if rows:
+    W, H, left, top, bottom = 760, 340, 60, 40, 70
+    lo, hi = math.log10(0.1), math.log10(10)
+    y = lambda v: top + (hi - math.log10(min(max(v, 0.1), 10))) / (hi - lo) * (H - top - bottom)
+    colors = ["#4477aa", "#ee6677", "#228833", "#ccbb44"]
+    group = (W - left - 20) / len(models)
+    bar = group * 0.8 / max(len(threads), 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">training step: tandem-engine ÷ PyTorch (CPU, samples/s; above 1: engine faster)</text>']
+    for v in [0.1, 0.25, 0.5, 1, 2, 4, 10]:
+        out.append(f'<line x1="{left}" x2="{W - 20}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="{"#000" if v == 1 else "#ddd"}"/>'
+                   f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}×</text>')
+    for i, m in enumerate(models):
+        x0 = left + i * group + group * 0.1
+        for j, t in enumerate(threads):
+            r = next((r for r in rows if r["model"] == m and r["threads"] == t), None)
+            if r is None:
+                continue
+            v = r["ratio_engine_vs_pytorch"]
+            y1, y2 = sorted((y(v), y(1)))
+            out.append(f'<rect x="{x0 + j * bar:.1f}" y="{y1:.1f}" width="{bar * 0.9:.1f}" height="{max(y2 - y1, 1):.1f}" fill="{colors[j % 4]}">'
+                       f'<title>{m}, {t} thread(s): {v:.2f}×</title></rect>')
+        out.append(f'<text x="{x0 + group * 0.4:.1f}" y="{H - bottom + 18}" text-anchor="middle">{m}</text>')
+    for j, t in enumerate(threads):
+        out.append(f'<rect x="{left + j * 110}" y="{H - 28}" width="12" height="12" fill="{colors[j % 4]}"/>'
+                   f'<text x="{left + j * 110 + 16}" y="{H - 18}">{t} thread(s)</text>')
+    out.append("</svg>")
+    with open("out/bench/train.svg", "w") as f:
+        f.write("\n".join(out))
+    print("plot: out/bench/train.svg")
 PY
