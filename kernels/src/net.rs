@@ -1,34 +1,37 @@
-//! A network: a chain of [`Layer`]s with a fused softmax cross-entropy head, over one flat
+//! A network: a [`Chain`] of layers with a fused softmax cross-entropy head, over one flat
 //! parameter vector, one flat gradient vector and one flat state vector that the caller owns.
 //!
 //! Flat order (the trainer's wire and checkpoint format): layers in forward order, each layer's
 //! tensors in its declared order (weight before bias), row-major inside a tensor. Names are
-//! `<layer>.<tensor>` (`fc1.weight`, `conv2.bias`, `bn1.running_mean`).
+//! PyTorch's: `<layer>.<tensor>`, nested (`fc1.weight`, `layer1.0.conv1.weight`,
+//! `h.0.attn.c_attn.bias`, `bn1.running_mean`). A tied tensor appears once.
 //!
 //! A step ([`Network::forward_backward`]) builds no graph and allocates nothing once the largest
 //! batch has been seen: activations and their gradients live in buffers the network owns, the
-//! layers read their weights in place from `params` and overwrite their slices of `grads`. Input
-//! batches are sample-major `[batch × features]` with each sample in NCHW order (as data sets
-//! store them); the network lays them out for its first layer.
+//! layers read their weights in place from `params` and overwrite their slices of `grads`.
+//!
+//! Inputs ([`Batch`]): float samples, sample-major `[batch × features]` with each sample in NCHW
+//! order (as data sets store them), which the network lays out for its first layer; or integer
+//! token ids `[batch × t]` for a language model. Targets: one class per sample for a classifier,
+//! one per position (`[batch × t]`, the next token) for a sequence model; the loss is the mean over
+//! all targets.
+//!
+//! State: every state tensor is a running statistic of batch norm (`running_mean`,
+//! `running_var`), updated by training steps and read by evaluation. Replicas of a network that
+//! train on different data combine their states by averaging them elementwise (see
+//! [`Network::state`]).
 
-use crate::layers::{Ctx, Init, Layer, Layout, ParamSpec, SoftmaxCrossEntropy, State, transpose};
+use std::time::Instant;
+
+use crate::layers::{
+    Chain, ChainBuilder, Ctx, Entry, Init, Layer, LayerTime, Layout, LogitsOrder, SoftmaxCrossEntropy, State,
+    transpose,
+};
 use crate::pool::Pool;
 
 /// Errors of building or running a network.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NetError {
-    /// Two consecutive layers disagree on the activation between them.
-    #[error("layer {index} ({layer}) takes {input:?} but the previous layer produces {previous:?}")]
-    Mismatch {
-        /// Position of the layer.
-        index: usize,
-        /// The layer.
-        layer: String,
-        /// What it takes.
-        input: Layout,
-        /// What it gets.
-        previous: Layout,
-    },
     /// The network cannot be built as asked.
     #[error("invalid network: {0}")]
     Build(String),
@@ -43,170 +46,167 @@ pub enum NetError {
         got: usize,
     },
     /// A label is not a class of the network.
-    #[error("label {label} of sample {sample} is not below the network's {classes} classes")]
+    #[error("label {label} of target {target} is not below the network's {classes} classes")]
     Label {
         /// The label.
         label: u32,
-        /// Its sample.
-        sample: usize,
+        /// Its position in the targets.
+        target: usize,
         /// Classes.
         classes: usize,
     },
+    /// A token id is outside the vocabulary.
+    #[error("token {token} at position {position} of the input is not below the vocabulary size {vocab}")]
+    Token {
+        /// The id.
+        token: u32,
+        /// Its position in the input.
+        position: usize,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The input is of the wrong kind (floats for a token model, or the reverse).
+    #[error("the network takes {expected} as input, got {got}")]
+    InputKind {
+        /// What the network takes.
+        expected: &'static str,
+        /// What it got.
+        got: &'static str,
+    },
 }
 
-/// One tensor's place in a flat vector.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Entry {
-    /// `<layer>.<tensor>`.
-    pub name: String,
-    /// Row-major shape.
-    pub shape: Vec<usize>,
-    /// First value in the flat vector.
-    pub offset: usize,
-    /// Number of values.
-    pub len: usize,
-    /// Initialisation.
-    pub init: Init,
+/// One input batch.
+#[derive(Clone, Copy, Debug)]
+pub enum Batch<'a> {
+    /// Float samples, sample-major, each sample in NCHW order.
+    Values(&'a [f32]),
+    /// Token ids, `[batch × t]`.
+    Tokens(&'a [u32]),
+}
+
+impl Batch<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Batch::Values(v) => v.len(),
+            Batch::Tokens(t) => t.len(),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Batch::Values(_) => "float values",
+            Batch::Tokens(_) => "token ids",
+        }
+    }
 }
 
 /// Loss and accuracy of a batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchStats {
-    /// Mean cross-entropy over the batch.
+    /// Mean cross-entropy over the batch's targets (nats; per token for a language model, whose
+    /// perplexity is `exp(loss)`).
     pub loss: f32,
-    /// Correct predictions.
+    /// Correct predictions (arg-max equals the target).
     pub correct: usize,
-    /// Samples.
-    pub samples: usize,
+    /// Targets (samples for a classifier, tokens for a sequence model).
+    pub targets: usize,
 }
 
-struct Node {
-    name: String,
-    layer: Box<dyn Layer>,
-    params: std::ops::Range<usize>,
-    state: std::ops::Range<usize>,
+/// Where the last training step's time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct StepTimes {
+    /// Input layout and forward pass, seconds.
+    pub forward: f64,
+    /// Loss and its gradient, seconds.
+    pub loss: f64,
+    /// Backward pass, seconds.
+    pub backward: f64,
 }
 
 /// Builds a [`Network`] layer by layer.
 pub struct NetworkBuilder {
-    input: Layout,
-    nodes: Vec<Node>,
-    params: Vec<Entry>,
-    state: Vec<Entry>,
-    error: Option<NetError>,
+    chain: ChainBuilder,
 }
 
 impl NetworkBuilder {
-    /// A network whose samples have the shape of `input` (an image's channels, height and width, or
-    /// a number of features).
+    /// A network whose samples have the shape of `input` (an image's channels, height and width,
+    /// a number of features, or a sequence of token ids).
     pub fn new(input: Layout) -> Self {
-        Self { input, nodes: Vec::new(), params: Vec::new(), state: Vec::new(), error: None }
+        Self { chain: ChainBuilder::new(input) }
     }
 
     /// The output layout of the network so far.
     pub fn output(&self) -> Layout {
-        self.nodes.last().map_or(self.input, |n| n.layer.output())
+        self.chain.output()
     }
 
     /// Appends `layer` under `name`. Errors (kept until [`NetworkBuilder::build`]) when its input
     /// does not match the previous output.
-    pub fn push(mut self, name: &str, layer: impl Layer + 'static) -> Self {
-        if self.error.is_some() {
-            return self;
-        }
-        let previous = self.output();
-        let input = layer.input();
-        let same = input == previous
-            || matches!((input, previous), (Layout::Features(f), Layout::Image { c, h, w }) if f == c * h * w && self.nodes.is_empty());
-        if !same {
-            self.error = Some(NetError::Mismatch {
-                index: self.nodes.len(),
-                layer: layer.describe(),
-                input,
-                previous,
-            });
-            return self;
-        }
-        let add = |list: &mut Vec<Entry>, specs: Vec<ParamSpec>| {
-            let start = list.last().map_or(0, |e| e.offset + e.len);
-            let mut at = start;
-            for s in specs {
-                list.push(Entry {
-                    name: format!("{name}.{}", s.name),
-                    len: s.len(),
-                    shape: s.shape,
-                    offset: at,
-                    init: s.init,
-                });
-                at += list.last().map_or(0, |e| e.len);
-            }
-            start..at
-        };
-        let params = add(&mut self.params, layer.params());
-        let state = add(&mut self.state, layer.state());
-        self.nodes.push(Node { name: name.to_owned(), layer: Box::new(layer), params, state });
-        self
+    pub fn push(self, name: &str, layer: impl Layer + 'static) -> Self {
+        Self { chain: self.chain.push(name, layer) }
     }
 
     /// Appends a layer built by a fallible constructor (a shape error becomes the build error).
     pub fn try_push<L: Layer + 'static>(self, name: &str, layer: Result<L, String>) -> Self {
-        match layer {
-            Ok(l) => self.push(name, l),
-            Err(e) => {
-                let mut s = self;
-                if s.error.is_none() {
-                    s.error = Some(NetError::Build(format!("layer {name}: {e}")));
-                }
-                s
-            }
-        }
+        Self { chain: self.chain.try_push(name, layer) }
     }
 
-    /// The network, with `classes` outputs into softmax cross-entropy, running on `threads`
-    /// threads.
+    /// Appends `layer` reading the existing tensor `tensor` as its weight (weight tying).
+    pub fn push_tied(self, name: &str, layer: impl Layer + 'static, tensor: &str) -> Self {
+        Self { chain: self.chain.push_tied(name, layer, tensor) }
+    }
+
+    /// The network, with its last layer's outputs (features, or per-position features of a
+    /// sequence) as class scores into softmax cross-entropy, running on `threads` threads.
     pub fn build(self, threads: usize) -> Result<Network, NetError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        let Some(last) = self.nodes.last() else {
-            return Err(NetError::Build("a network needs at least one layer".into()));
-        };
-        let classes = match last.layer.output() {
-            Layout::Features(c) if c >= 2 => c,
+        let root = self.chain.build().map_err(NetError::Build)?;
+        let (classes, positions, order) = match root.output() {
+            Layout::Features(c) if c >= 2 => (c, 1, LogitsOrder::FeatureMajor),
+            Layout::Sequence { t, d } if d >= 2 => (d, t, LogitsOrder::TargetMajor),
             other => {
                 return Err(NetError::Build(format!(
-                    "the last layer must produce at least 2 class scores as features, it produces {other:?}"
+                    "the last layer must produce at least 2 class scores (features, or per position of a sequence), it produces {other:?}"
                 )));
             }
         };
-        let pool = Pool::new(threads);
         Ok(Network {
-            input: self.input,
-            nodes: self.nodes,
-            params: self.params,
-            state: self.state,
+            input: root.input(),
+            root,
             loss: SoftmaxCrossEntropy::new(classes),
-            acts: Vec::new(),
-            dacts: Vec::new(),
+            positions,
+            order,
+            x0: Vec::new(),
+            logits: Vec::new(),
+            dlogits: Vec::new(),
             capacity: 0,
-            pool,
+            pool: Pool::new(threads),
+            last_step: StepTimes::default(),
         })
+    }
+}
+
+impl From<ChainBuilder> for NetworkBuilder {
+    /// A network whose body is `chain`.
+    fn from(chain: ChainBuilder) -> Self {
+        Self { chain }
     }
 }
 
 /// A network over flat parameter, gradient and state vectors.
 pub struct Network {
     input: Layout,
-    nodes: Vec<Node>,
-    params: Vec<Entry>,
-    state: Vec<Entry>,
+    root: Chain,
     loss: SoftmaxCrossEntropy,
-    /// `acts[0]`: the input laid out for the first layer; `acts[i + 1]`: output of layer i.
-    acts: Vec<Vec<f32>>,
-    /// Gradients of `acts[i]` (index 0 unused).
-    dacts: Vec<Vec<f32>>,
+    /// Targets per sample.
+    positions: usize,
+    order: LogitsOrder,
+    /// The input laid out for the first layer (unused when the layout needs no change).
+    x0: Vec<f32>,
+    logits: Vec<f32>,
+    dlogits: Vec<f32>,
     capacity: usize,
     pool: Pool,
+    last_step: StepTimes,
 }
 
 impl std::fmt::Debug for Network {
@@ -221,32 +221,49 @@ impl std::fmt::Debug for Network {
 impl Network {
     /// Parameter tensors in flat order.
     pub fn params(&self) -> &[Entry] {
-        &self.params
+        self.root.param_entries()
     }
 
-    /// State tensors in flat order.
+    /// State tensors in flat order: batch norm's running statistics. A training step updates them
+    /// from its batch; evaluation reads them. They are not trained by gradients: data-parallel
+    /// replicas each update their own and combine them by an elementwise average of the whole
+    /// state vector (exact for the running means, and for the variances the mean of the
+    /// replicas' estimates), at evaluation and checkpoint time.
     pub fn state(&self) -> &[Entry] {
-        &self.state
+        self.root.state_entries()
     }
 
     /// Length of the flat parameter (and gradient) vector.
     pub fn num_params(&self) -> usize {
-        self.params.last().map_or(0, |e| e.offset + e.len)
+        self.root.num_params()
     }
 
     /// Length of the flat state vector.
     pub fn num_state(&self) -> usize {
-        self.state.last().map_or(0, |e| e.offset + e.len)
+        self.root.num_state()
     }
 
-    /// Output classes.
+    /// Output classes (the vocabulary of a language model).
     pub fn classes(&self) -> usize {
         self.loss.classes()
     }
 
-    /// Values per input sample.
-    pub fn input_features(&self) -> usize {
-        self.input.features()
+    /// The input of one sample.
+    pub fn input(&self) -> Layout {
+        self.input
+    }
+
+    /// Input values (floats or token ids) per sample.
+    pub fn input_len(&self) -> usize {
+        match self.input {
+            Layout::Tokens { t, .. } => t,
+            other => other.features(),
+        }
+    }
+
+    /// Targets per sample: 1 for a classifier, the sequence length for a language model.
+    pub fn targets_per_sample(&self) -> usize {
+        self.positions
     }
 
     /// Threads of the network's pool.
@@ -254,19 +271,44 @@ impl Network {
         self.pool.threads()
     }
 
-    /// One line per layer.
+    /// The network's thread pool (for elementwise work over the flat vectors, such as an
+    /// optimizer's update, on the same threads).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Where the last [`Network::forward_backward`] spent its time.
+    pub fn last_step(&self) -> StepTimes {
+        self.last_step
+    }
+
+    /// Starts (or stops and clears) timing every layer's forward and backward passes.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.root.set_profiling(on);
+    }
+
+    /// Every layer's accumulated time since profiling started, nested layers after their parent.
+    pub fn layer_times(&self) -> Vec<LayerTime> {
+        let mut out = Vec::new();
+        self.root.times("", &mut out);
+        out
+    }
+
+    /// One line per top-level layer.
     pub fn describe(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| format!("{}: {}", n.name, n.layer.describe())).collect()
+        self.root.describe_layers()
     }
 
     /// Floating-point operations of one training step on `batch` samples (2 per multiply-add, GEMM
     /// work only), for GFLOP/s reports.
     pub fn step_flops(&self, batch: usize) -> f64 {
-        let mut macs = 0usize;
-        for (i, n) in self.nodes.iter().enumerate() {
-            macs += n.layer.forward_macs() + n.layer.backward_macs(i > 0);
-        }
+        let macs = self.root.forward_macs() + self.root.backward_macs(false);
         2.0 * macs as f64 * batch as f64
+    }
+
+    /// Floating-point operations of one forward pass on `batch` samples.
+    pub fn forward_flops(&self, batch: usize) -> f64 {
+        2.0 * self.root.forward_macs() as f64 * batch as f64
     }
 
     /// Fills `params` and `state` with their initial values; `uniform(lo, hi)` draws the random
@@ -277,37 +319,64 @@ impl Network {
         state: &mut [f32],
         uniform: &mut dyn FnMut(f32, f32) -> f32,
     ) -> Result<(), NetError> {
-        self.check("params", params.len(), self.num_params())?;
-        self.check("state", state.len(), self.num_state())?;
-        for (list, buf) in [(&self.params, &mut *params), (&self.state, &mut *state)] {
+        check("params", params.len(), self.num_params())?;
+        check("state", state.len(), self.num_state())?;
+        for (list, buf) in [(self.params(), &mut *params), (self.state(), &mut *state)] {
             for e in list {
-                let dst = &mut buf[e.offset..e.offset + e.len];
-                match e.init {
-                    Init::Zeros => dst.fill(0.0),
-                    Init::Ones => dst.fill(1.0),
-                    Init::HeUniform { fan_in } => {
-                        let bound = (6.0 / fan_in.max(1) as f32).sqrt();
-                        for v in dst {
-                            *v = uniform(-bound, bound);
-                        }
+                let dst = &mut buf[e.range()];
+                let bound = match e.init {
+                    Init::Zeros => {
+                        dst.fill(0.0);
+                        continue;
                     }
+                    Init::Ones => {
+                        dst.fill(1.0);
+                        continue;
+                    }
+                    Init::HeUniform { fan_in } => (6.0 / fan_in.max(1) as f32).sqrt(),
+                    Init::Uniform { bound } => bound,
+                };
+                for v in dst {
+                    *v = uniform(-bound, bound);
                 }
             }
         }
         Ok(())
     }
 
-    fn check(&self, what: &'static str, got: usize, expected: usize) -> Result<(), NetError> {
-        if got == expected { Ok(()) } else { Err(NetError::Length { what, expected, got }) }
+    /// Samples in `x` after checking it against the targets `y`.
+    fn check_batch(&self, x: Batch<'_>, y: &[u32]) -> Result<usize, NetError> {
+        let samples = self.samples_of(x)?;
+        check("the targets", y.len(), samples * self.positions)?;
+        let classes = self.classes();
+        if let Some((target, &label)) = y.iter().enumerate().find(|&(_, &l)| l as usize >= classes) {
+            return Err(NetError::Label { label, target, classes });
+        }
+        Ok(samples)
     }
 
-    fn check_batch(&self, x: &[f32], y: &[u32]) -> Result<(), NetError> {
-        self.check("the input batch", x.len(), y.len() * self.input.features())?;
-        let classes = self.classes();
-        if let Some((sample, &label)) = y.iter().enumerate().find(|&(_, &l)| l as usize >= classes) {
-            return Err(NetError::Label { label, sample, classes });
+    /// Samples in `x`, after checking its kind, length and token ids.
+    fn samples_of(&self, x: Batch<'_>) -> Result<usize, NetError> {
+        let per = self.input_len();
+        match (self.input, x) {
+            (Layout::Tokens { vocab, .. }, Batch::Tokens(ids)) => {
+                if let Some((position, &token)) = ids.iter().enumerate().find(|&(_, &t)| t as usize >= vocab)
+                {
+                    return Err(NetError::Token { token, position, vocab });
+                }
+            }
+            (Layout::Tokens { .. }, other) => {
+                return Err(NetError::InputKind { expected: "token ids", got: other.kind() });
+            }
+            (_, Batch::Tokens(_)) => {
+                return Err(NetError::InputKind { expected: "float values", got: "token ids" });
+            }
+            _ => {}
         }
-        Ok(())
+        if per == 0 || !x.len().is_multiple_of(per) {
+            return Err(NetError::Length { what: "the input batch", expected: per, got: x.len() });
+        }
+        Ok(x.len() / per)
     }
 
     /// Makes room for batches of `batch` samples (allocates only when it grows).
@@ -315,52 +384,23 @@ impl Network {
         if batch <= self.capacity {
             return;
         }
-        let threads = self.pool.threads();
-        let mut sizes = vec![self.input.features()];
-        for n in &mut self.nodes {
-            n.layer.reserve(batch, threads);
-            sizes.push(n.layer.output().features());
-        }
-        self.acts = sizes.iter().map(|f| vec![0.0; f * batch]).collect();
-        self.dacts = sizes.iter().map(|f| vec![0.0; f * batch]).collect();
+        self.root.reserve(batch, self.pool.threads());
+        self.x0 = vec![0.0; batch * self.input.features()];
+        let out = batch * self.root.output().features();
+        self.logits = vec![0.0; out];
+        self.dlogits = vec![0.0; out];
         self.capacity = batch;
     }
 
-    /// Lays the sample-major NCHW batch `x` out as the first layer's input.
-    fn load_input(&mut self, x: &[f32], batch: usize) {
-        let first = self.nodes.first().map(|n| n.layer.input()).unwrap_or(self.input);
-        let dst = &mut self.acts[0];
-        match (first, self.input) {
-            (Layout::Features(f), _) => transpose(x, batch, f, &mut dst[..batch * f]),
-            (Layout::Image { c, h, w }, _) => {
-                let hw = h * w;
-                for b in 0..batch {
-                    let (src, out) =
-                        (&x[b * c * hw..(b + 1) * c * hw], &mut dst[b * c * hw..(b + 1) * c * hw]);
-                    if c == 1 {
-                        out.copy_from_slice(src);
-                    } else {
-                        transpose(src, c, hw, out);
-                    }
-                }
-            }
-        }
-    }
-
-    fn forward(&mut self, params: &[f32], state: State<'_>, batch: usize) {
-        let cx = Ctx { pool: &self.pool, batch };
-        let mut state = state;
-        for (i, node) in self.nodes.iter_mut().enumerate() {
-            let (done, rest) = self.acts.split_at_mut(i + 1);
-            let x = &done[i];
-            let y = &mut rest[0];
-            let p = &params[node.params.clone()];
-            let s = match &mut state {
-                State::Train(s) => State::Train(&mut s[node.state.clone()]),
-                State::Eval(s) => State::Eval(&s[node.state.clone()]),
-            };
-            node.layer.forward(&cx, p, s, x, y);
-        }
+    /// Runs the forward pass on `batch` samples of `x` (`state` decides the mode); the logits are
+    /// in `self.logits`.
+    fn forward(&mut self, params: &[f32], state: State<'_>, x: Batch<'_>, batch: usize) {
+        let Self { root, x0, logits, pool, input, .. } = self;
+        lay_out(*input, x, batch, x0);
+        let (xin, tokens) = view(*input, x, batch, x0);
+        let cx = Ctx { pool, batch, tokens };
+        let out = batch * root.output().features();
+        root.forward(&cx, params, state, xin, &mut logits[..out]);
     }
 
     /// One training step's compute: forward in training mode (batch statistics; running statistics
@@ -370,45 +410,36 @@ impl Network {
         params: &[f32],
         state: &mut [f32],
         grads: &mut [f32],
-        x: &[f32],
+        x: Batch<'_>,
         y: &[u32],
     ) -> Result<BatchStats, NetError> {
-        self.check("params", params.len(), self.num_params())?;
-        self.check("grads", grads.len(), self.num_params())?;
-        self.check("state", state.len(), self.num_state())?;
-        self.check_batch(x, y)?;
-        let batch = y.len();
+        check("params", params.len(), self.num_params())?;
+        check("grads", grads.len(), self.num_params())?;
+        check("state", state.len(), self.num_state())?;
+        let batch = self.check_batch(x, y)?;
         if batch == 0 {
             grads.fill(0.0);
-            return Ok(BatchStats { loss: 0.0, correct: 0, samples: 0 });
+            return Ok(BatchStats { loss: 0.0, correct: 0, targets: 0 });
         }
         self.reserve(batch);
-        self.load_input(x, batch);
-        self.forward(params, State::Train(state), batch);
-        let last = self.nodes.len();
-        let classes = self.classes();
-        let (loss, correct) = {
-            let logits = &self.acts[last][..classes * batch];
-            let grad = &mut self.dacts[last][..classes * batch];
-            self.loss.run(logits, y, Some(grad))
+        let t0 = Instant::now();
+        self.forward(params, State::Train(state), x, batch);
+        let t1 = Instant::now();
+        let out = batch * self.root.output().features();
+        let (loss, correct) =
+            self.loss.run_with(self.order, &self.logits[..out], y, Some(&mut self.dlogits[..out]));
+        let t2 = Instant::now();
+        let Self { root, x0, logits, dlogits, pool, input, .. } = self;
+        let (xin, tokens) = view(*input, x, batch, x0);
+        let cx = Ctx { pool, batch, tokens };
+        root.backward(&cx, params, xin, &logits[..out], &mut dlogits[..out], None, grads);
+        let t3 = Instant::now();
+        self.last_step = StepTimes {
+            forward: (t1 - t0).as_secs_f64(),
+            loss: (t2 - t1).as_secs_f64(),
+            backward: (t3 - t2).as_secs_f64(),
         };
-        let cx = Ctx { pool: &self.pool, batch };
-        for (i, node) in self.nodes.iter_mut().enumerate().rev() {
-            let (below, above) = self.dacts.split_at_mut(i + 1);
-            let dy = &mut above[0];
-            let dx = if i > 0 { Some(&mut below[i][..]) } else { None };
-            let g = &mut grads[node.params.clone()];
-            node.layer.backward(
-                &cx,
-                &params[node.params.clone()],
-                &self.acts[i],
-                &self.acts[i + 1],
-                dy,
-                dx,
-                g,
-            );
-        }
-        Ok(BatchStats { loss: (loss / batch as f64) as f32, correct, samples: batch })
+        Ok(BatchStats { loss: (loss / y.len() as f64) as f32, correct, targets: y.len() })
     }
 
     /// Loss and correct predictions in evaluation mode (running statistics), in chunks of the
@@ -417,55 +448,99 @@ impl Network {
         &mut self,
         params: &[f32],
         state: &[f32],
-        x: &[f32],
+        x: Batch<'_>,
         y: &[u32],
     ) -> Result<BatchStats, NetError> {
-        self.check("params", params.len(), self.num_params())?;
-        self.check("state", state.len(), self.num_state())?;
-        self.check_batch(x, y)?;
-        if y.is_empty() {
-            return Ok(BatchStats { loss: 0.0, correct: 0, samples: 0 });
+        check("params", params.len(), self.num_params())?;
+        check("state", state.len(), self.num_state())?;
+        let samples = self.check_batch(x, y)?;
+        if samples == 0 {
+            return Ok(BatchStats { loss: 0.0, correct: 0, targets: 0 });
         }
         if self.capacity == 0 {
-            self.reserve(y.len().min(1024));
+            self.reserve(samples.min(1024));
         }
         let chunk = self.capacity;
-        let f = self.input.features();
+        let (per, pos) = (self.input_len(), self.positions);
         let (mut loss, mut correct) = (0.0f64, 0usize);
-        for start in (0..y.len()).step_by(chunk) {
-            let end = (start + chunk).min(y.len());
+        for start in (0..samples).step_by(chunk) {
+            let end = (start + chunk).min(samples);
             let batch = end - start;
-            self.load_input(&x[start * f..end * f], batch);
-            self.forward(params, State::Eval(state), batch);
-            let logits = &self.acts[self.nodes.len()][..self.classes() * batch];
-            let (l, c) = self.loss.run(logits, &y[start..end], None);
+            let part = match x {
+                Batch::Values(v) => Batch::Values(&v[start * per..end * per]),
+                Batch::Tokens(t) => Batch::Tokens(&t[start * per..end * per]),
+            };
+            self.forward(params, State::Eval(state), part, batch);
+            let out = batch * self.root.output().features();
+            let (l, c) =
+                self.loss.run_with(self.order, &self.logits[..out], &y[start * pos..end * pos], None);
             loss += l;
             correct += c;
         }
-        Ok(BatchStats { loss: (loss / y.len() as f64) as f32, correct, samples: y.len() })
+        Ok(BatchStats { loss: (loss / y.len() as f64) as f32, correct, targets: y.len() })
     }
 
-    /// Sample-major logits `[batch × classes]` of `x` in evaluation mode (tests and inference).
+    /// Logits of `x` in evaluation mode, target-major: `[batch × classes]` for a classifier,
+    /// `[batch·t × vocab]` for a sequence model (tests and inference).
     pub fn logits(
         &mut self,
         params: &[f32],
         state: &[f32],
-        x: &[f32],
+        x: Batch<'_>,
         out: &mut Vec<f32>,
     ) -> Result<(), NetError> {
-        self.check("params", params.len(), self.num_params())?;
-        self.check("state", state.len(), self.num_state())?;
-        let f = self.input.features();
-        if f == 0 || !x.len().is_multiple_of(f) {
-            return Err(NetError::Length { what: "the input batch", expected: f, got: x.len() });
-        }
-        let batch = x.len() / f;
+        check("params", params.len(), self.num_params())?;
+        check("state", state.len(), self.num_state())?;
+        let batch = self.samples_of(x)?;
         self.reserve(batch);
-        self.load_input(x, batch);
-        self.forward(params, State::Eval(state), batch);
-        let c = self.classes();
-        out.resize(batch * c, 0.0);
-        transpose(&self.acts[self.nodes.len()][..c * batch], c, batch, out);
+        self.forward(params, State::Eval(state), x, batch);
+        let (c, n) = (self.classes(), batch * self.positions);
+        out.resize(n * c, 0.0);
+        match self.order {
+            LogitsOrder::FeatureMajor => transpose(&self.logits[..c * n], c, n, out),
+            LogitsOrder::TargetMajor => out.copy_from_slice(&self.logits[..c * n]),
+        }
         Ok(())
+    }
+}
+
+fn check(what: &'static str, got: usize, expected: usize) -> Result<(), NetError> {
+    if got == expected { Ok(()) } else { Err(NetError::Length { what, expected, got }) }
+}
+
+/// Whether float samples (NCHW, sample-major) must be re-laid for the first layer.
+fn needs_layout(input: Layout) -> bool {
+    match input {
+        Layout::Features(_) => true,
+        Layout::Image { c, .. } => c > 1,
+        Layout::Sequence { .. } | Layout::Tokens { .. } => false,
+    }
+}
+
+/// Re-lays float samples into `x0` for the first layer when the layout needs it.
+fn lay_out(input: Layout, x: Batch<'_>, batch: usize, x0: &mut [f32]) {
+    let Batch::Values(v) = x else { return };
+    if !needs_layout(input) {
+        return;
+    }
+    let dst = &mut x0[..batch * input.features()];
+    match input {
+        Layout::Features(f) => transpose(v, batch, f, dst),
+        Layout::Image { c, h, w } => {
+            let img = c * h * w;
+            for (src, out) in v.chunks_exact(img).zip(dst.chunks_exact_mut(img)) {
+                transpose(src, c, h * w, out);
+            }
+        }
+        Layout::Sequence { .. } | Layout::Tokens { .. } => {}
+    }
+}
+
+/// The first layer's input: its floats (the caller's, or their re-laid copy) and token ids.
+fn view<'a>(input: Layout, x: Batch<'a>, batch: usize, x0: &'a [f32]) -> (&'a [f32], &'a [u32]) {
+    match x {
+        Batch::Tokens(t) => (&[], t),
+        Batch::Values(_) if needs_layout(input) => (&x0[..batch * input.features()], &[]),
+        Batch::Values(v) => (v, &[]),
     }
 }

@@ -152,6 +152,31 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Runs `f` on one contiguous part per thread of the vectors `a`, `b` and `c`, parts at the
+    /// same positions together (an optimizer's update of the flat parameters from the gradient
+    /// and its own state, on the job's threads). The vectors are meant to be equally long; beyond
+    /// the shortest one's length nothing is touched.
+    pub fn for_parts(
+        &self,
+        a: &mut [f32],
+        b: &[f32],
+        c: &mut [f32],
+        f: impl Fn(&mut [f32], &[f32], &mut [f32]) + Sync,
+    ) {
+        let n = a.len().min(b.len()).min(c.len());
+        let threads = self.threads;
+        let (sa, sc) = (SharedMut::new(&mut a[..n]), SharedMut::new(&mut c[..n]));
+        self.run(|tid| {
+            let r = split(n, tid, threads);
+            // SAFETY: `split` gives each thread its own part of 0..n, within both views (length
+            // n) and disjoint from every other thread's.
+            let (pa, pc) = unsafe { (sa.range(r.clone()), sc.range(r.clone())) };
+            f(pa, &b[r], pc);
+        });
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         if let Some(shared) = &self.shared {
@@ -286,6 +311,25 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn for_parts_visits_every_position_once() {
+        for threads in 1..4 {
+            let pool = Pool::new(threads);
+            let n = 1003;
+            let mut a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+            let mut c = vec![1.0f32; n + 5];
+            pool.for_parts(&mut a, &b, &mut c, |a, b, c| {
+                for ((a, b), c) in a.iter_mut().zip(b).zip(c.iter_mut()) {
+                    *a += b;
+                    *c += 1.0;
+                }
+            });
+            assert!(a.iter().enumerate().all(|(i, &v)| v == 3.0 * i as f32), "{threads} thread(s)");
+            assert!(c[..n].iter().all(|&v| v == 2.0) && c[n..].iter().all(|&v| v == 1.0));
+        }
     }
 
     #[test]

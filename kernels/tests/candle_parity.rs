@@ -17,7 +17,7 @@ use tandem::model::{DeviceChoice, InputShape, Model, select_device};
 use tandem::rng::Rng;
 use tandem_api::{ModelKind, ModelSpec};
 use tandem_kernels::models;
-use tandem_kernels::net::Network;
+use tandem_kernels::net::{Batch, Network};
 
 fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
     let classes = 10;
@@ -44,7 +44,7 @@ fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
     let mut g_candle = vec![0.0; params.len()];
     let stats_candle = model.loss_and_grad(x, y, &mut g_candle).unwrap();
     let mut g_engine = vec![0.0; params.len()];
-    let stats_engine = net.forward_backward(&params, &mut [], &mut g_engine, x, y).unwrap();
+    let stats_engine = net.forward_backward(&params, &mut [], &mut g_engine, Batch::Values(x), y).unwrap();
     assert!(
         (stats_candle.loss - stats_engine.loss).abs() < 1e-4 * stats_candle.loss.abs().max(1.0),
         "loss: candle {}, engine {}",
@@ -87,7 +87,7 @@ fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
         }
         model.write_params(&params).unwrap();
     }
-    let eval = net.evaluate(&params, &[], x, y).unwrap();
+    let eval = net.evaluate(&params, &[], Batch::Values(x), y).unwrap();
     assert!((eval.loss - stats_candle.loss).abs() < 1e-4 * stats_candle.loss.abs().max(1.0));
 }
 

@@ -1,14 +1,15 @@
 //! Every layer against its naive form: forward values, parameter gradients and input gradients,
-//! on odd shapes, with stride and padding, at 1 and 2 threads. Batch norm and the loss are also
-//! checked by finite differences (they are smooth).
+//! on odd shapes, with stride and padding, at 1 and 2 threads. Batch norm, layer norm, attention
+//! and the loss are also checked by finite differences (they are smooth).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 mod common;
 
 use common::{Rand, assert_close};
 use tandem_kernels::layers::{
-    AvgPool2d, BatchNorm, Conv2d, ConvSpec, Ctx, Dense, Flatten, GlobalAvgPool, Layer, Layout, MaxPool2d,
-    PoolSpec, Relu, SoftmaxCrossEntropy, State,
+    AvgPool2d, BatchNorm, CausalSelfAttention, ChainBuilder, Conv2d, ConvSpec, Ctx, Dense, Embedding,
+    Flatten, Gelu, GlobalAvgPool, Init, Layer, LayerNorm, Layout, Linear, LogitsOrder, MaxPool2d, PoolSpec,
+    PositionEmbedding, Relu, Residual, SoftmaxCrossEntropy, State,
 };
 use tandem_kernels::pool::Pool;
 
@@ -28,8 +29,22 @@ fn run(
     x: &[f32],
     dy: &[f32],
 ) -> Run {
+    run_tokens(layer, threads, batch, params, state, x, &[], dy)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_tokens(
+    layer: &mut dyn Layer,
+    threads: usize,
+    batch: usize,
+    params: &[f32],
+    state: &mut [f32],
+    x: &[f32],
+    tokens: &[u32],
+    dy: &[f32],
+) -> Run {
     let pool = Pool::new(threads);
-    let cx = Ctx { pool: &pool, batch };
+    let cx = Ctx { pool: &pool, batch, tokens };
     layer.reserve(batch, threads);
     let mut y = vec![f32::NAN; batch * layer.output().features()];
     layer.forward(&cx, params, State::Train(state), x, &mut y);
@@ -323,7 +338,7 @@ fn bn_objective(layout: Layout, n: usize, params: &[f32], x: &[f32], r: &[f32]) 
     bn.reserve(n, 1);
     let mut state = vec![0.0; 2 * params.len() / 2];
     let mut y = vec![0.0; x.len()];
-    bn.forward(&Ctx { pool: &pool, batch: n }, params, State::Train(&mut state), x, &mut y);
+    bn.forward(&Ctx { pool: &pool, batch: n, tokens: &[] }, params, State::Train(&mut state), x, &mut y);
     y.iter().zip(r).map(|(&a, &b)| a as f64 * b as f64).sum()
 }
 
@@ -335,6 +350,7 @@ fn batch_norm_train_eval_running_stats_and_gradients() {
         let c = match layout {
             Layout::Image { c, .. } => c,
             Layout::Features(f) => f,
+            _ => unreachable!(),
         };
         let mut params = rng.vec(2 * c);
         for g in &mut params[..c] {
@@ -346,6 +362,7 @@ fn batch_norm_train_eval_running_stats_and_gradients() {
             match layout {
                 Layout::Features(_) => (0..n).map(|b| ch * n + b).collect(),
                 Layout::Image { c, h, w } => (0..n * h * w).map(|j| j * c + ch).collect(),
+                _ => unreachable!(),
             }
         };
         let mut state = vec![0.0; 2 * c];
@@ -372,7 +389,7 @@ fn batch_norm_train_eval_running_stats_and_gradients() {
         // Evaluation uses the running statistics.
         let pool = Pool::single();
         let mut y = vec![0.0; x.len()];
-        bn.forward(&Ctx { pool: &pool, batch: n }, &params, State::Eval(&state), &x, &mut y);
+        bn.forward(&Ctx { pool: &pool, batch: n, tokens: &[] }, &params, State::Eval(&state), &x, &mut y);
         for ch in 0..c {
             for &i in &lane(ch) {
                 let e = (x[i] - state[ch]) / (state[c + ch] + 1e-5).sqrt() * params[ch] + params[c + ch];
@@ -440,4 +457,411 @@ fn softmax_cross_entropy_matches_naive_and_finite_differences() {
             grad[i]
         );
     }
+}
+
+#[test]
+fn batch_norm_fused_relu_and_threads_match_naive() {
+    let mut rng = Rand::new(16);
+    for (layout, n) in [(Layout::Image { c: 19, h: 5, w: 7 }, 5), (Layout::Sequence { t: 9, d: 33 }, 3)] {
+        let c = match layout {
+            Layout::Image { c, .. } => c,
+            Layout::Sequence { d, .. } => d,
+            _ => unreachable!(),
+        };
+        let params: Vec<f32> =
+            rng.vec(2 * c).iter().enumerate().map(|(i, v)| if i < c { 1.0 + v } else { *v }).collect();
+        let x: Vec<f32> = rng.vec(n * layout.features()).iter().map(|v| 2.0 * v + 0.3).collect();
+        let dy = rng.vec(x.len());
+        let rows = x.len() / c;
+        // Naive in f64: y = relu(bn(x)), then the gradients through the ReLU mask.
+        let (mut y, mut dx, mut g) = (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.0; 2 * c]);
+        for ch in 0..c {
+            let xs: Vec<f64> = (0..rows).map(|r| x[r * c + ch] as f64).collect();
+            let m = xs.iter().sum::<f64>() / rows as f64;
+            let v = xs.iter().map(|a| (a - m).powi(2)).sum::<f64>() / rows as f64;
+            let inv = 1.0 / (v + 1e-5).sqrt();
+            let (gm, bt) = (params[ch] as f64, params[c + ch] as f64);
+            let mut dz = vec![0.0; rows];
+            for r in 0..rows {
+                let z = (xs[r] - m) * inv * gm + bt;
+                y[r * c + ch] = z.max(0.0) as f32;
+                dz[r] = if z > 0.0 { dy[r * c + ch] as f64 } else { 0.0 };
+            }
+            let sd: f64 = dz.iter().sum();
+            let sdx: f64 = (0..rows).map(|r| dz[r] * (xs[r] - m) * inv).sum();
+            g[ch] = sdx as f32;
+            g[c + ch] = sd as f32;
+            for r in 0..rows {
+                let xhat = (xs[r] - m) * inv;
+                dx[r * c + ch] = (gm * inv / rows as f64 * (rows as f64 * dz[r] - sd - xhat * sdx)) as f32;
+            }
+        }
+        for threads in [1, 2] {
+            let mut state = vec![0.0; 2 * c];
+            let mut bn = BatchNorm::new(layout).with_relu();
+            let r = run(&mut bn, threads, n, &params, &mut state, &x, &dy);
+            let what = format!("batch norm + relu {layout:?} threads {threads}");
+            assert_close(&r.y, &y, 1e-5, &format!("{what}: forward"));
+            assert_close(&r.grads, &g, 1e-4, &format!("{what}: parameter gradient"));
+            assert_close(&r.dx, &dx, 1e-4, &format!("{what}: input gradient"));
+        }
+    }
+}
+
+#[test]
+fn linear_matches_naive() {
+    let mut rng = Rand::new(17);
+    // (tokens per sample, in, out, bias, batch)
+    for &(t, i, o, bias, n) in
+        &[(1, 1, 1, true, 1), (5, 7, 3, true, 2), (9, 33, 70, false, 3), (4, 64, 17, true, 5)]
+    {
+        let mut layer = Linear::new(t, i, o, bias, Init::Zeros);
+        let params = rng.vec(param_len(&layer));
+        let w = &params[..o * i];
+        let rows = n * t;
+        let x = rng.vec(rows * i);
+        let dy = rng.vec(rows * o);
+        let (mut y, mut g, mut dx) = (vec![0.0; rows * o], vec![0.0; params.len()], vec![0.0; rows * i]);
+        for r in 0..rows {
+            for oo in 0..o {
+                let mut v = if bias { params[o * i + oo] } else { 0.0 };
+                for ii in 0..i {
+                    v += x[r * i + ii] * w[oo * i + ii];
+                    g[oo * i + ii] += dy[r * o + oo] * x[r * i + ii];
+                    dx[r * i + ii] += dy[r * o + oo] * w[oo * i + ii];
+                }
+                y[r * o + oo] = v;
+                if bias {
+                    g[o * i + oo] += dy[r * o + oo];
+                }
+            }
+        }
+        for threads in [1, 2] {
+            let r = run(&mut layer, threads, n, &params, &mut [], &x, &dy);
+            let what = format!("linear {i}→{o} on {n}×{t} tokens bias {bias} threads {threads}");
+            assert_close(&r.y, &y, 1e-5, &format!("{what}: forward"));
+            assert_close(&r.grads, &g, 1e-5, &format!("{what}: parameter gradient"));
+            assert_close(&r.dx, &dx, 1e-5, &format!("{what}: input gradient"));
+        }
+    }
+}
+
+#[test]
+fn layer_norm_matches_naive() {
+    let mut rng = Rand::new(18);
+    for &(t, d, n) in &[(1, 1, 1), (5, 7, 2), (3, 33, 3), (2, 128, 2)] {
+        let mut layer = LayerNorm::new(t, d);
+        let params: Vec<f32> =
+            rng.vec(2 * d).iter().enumerate().map(|(i, v)| if i < d { 1.0 + v } else { *v }).collect();
+        let x: Vec<f32> = rng.vec(n * t * d).iter().map(|v| 3.0 * v - 0.5).collect();
+        let dy = rng.vec(x.len());
+        let (mut y, mut dx, mut g) = (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.0f64; 2 * d]);
+        for r in 0..n * t {
+            let xs: Vec<f64> = x[r * d..(r + 1) * d].iter().map(|&v| v as f64).collect();
+            let m = xs.iter().sum::<f64>() / d as f64;
+            let var = xs.iter().map(|v| (v - m).powi(2)).sum::<f64>() / d as f64;
+            let rstd = 1.0 / (var + 1e-5).sqrt();
+            let xhat: Vec<f64> = xs.iter().map(|v| (v - m) * rstd).collect();
+            let gh: Vec<f64> = (0..d).map(|j| dy[r * d + j] as f64 * params[j] as f64).collect();
+            let m1 = gh.iter().sum::<f64>() / d as f64;
+            let m2 = (0..d).map(|j| gh[j] * xhat[j]).sum::<f64>() / d as f64;
+            for j in 0..d {
+                y[r * d + j] = (xhat[j] * params[j] as f64 + params[d + j] as f64) as f32;
+                dx[r * d + j] = (rstd * (gh[j] - m1 - xhat[j] * m2)) as f32;
+                g[j] += dy[r * d + j] as f64 * xhat[j];
+                g[d + j] += dy[r * d + j] as f64;
+            }
+        }
+        let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+        for threads in [1, 2] {
+            let r = run(&mut layer, threads, n, &params, &mut [], &x, &dy);
+            let what = format!("layer norm {d} on {n}×{t} tokens threads {threads}");
+            assert_close(&r.y, &y, 1e-5, &format!("{what}: forward"));
+            assert_close(&r.grads, &g, 1e-4, &format!("{what}: parameter gradient"));
+            assert_close(&r.dx, &dx, 1e-4, &format!("{what}: input gradient"));
+        }
+    }
+}
+
+#[test]
+fn gelu_matches_its_formula() {
+    let mut rng = Rand::new(19);
+    let layout = Layout::Sequence { t: 3, d: 1000 };
+    let x: Vec<f32> = rng.vec(layout.features() * 2).iter().map(|v| 6.0 * v).collect();
+    let dy = rng.vec(x.len());
+    let f = |v: f64| 0.5 * v * (1.0 + (0.797_884_560_802_865_4 * (v + 0.044715 * v.powi(3))).tanh());
+    for threads in [1, 2] {
+        let r = run(&mut Gelu::new(layout), threads, 2, &[], &mut [], &x, &dy);
+        for i in 0..x.len() {
+            let v = x[i] as f64;
+            assert!((r.y[i] as f64 - f(v)).abs() < 2e-6 * f(v).abs().max(1.0), "gelu({v}) = {}", r.y[i]);
+            let fd = (f(v + 1e-4) - f(v - 1e-4)) / 2e-4;
+            let want = dy[i] as f64 * fd;
+            assert!((r.dx[i] as f64 - want).abs() < 1e-5, "gelu'({v}): {} vs {want}", r.dx[i]);
+        }
+    }
+}
+
+#[test]
+fn embeddings_match_naive_and_do_not_depend_on_threads() {
+    let mut rng = Rand::new(20);
+    let (t, vocab, d, n) = (6, 5, 19, 4);
+    let mut emb = Embedding::new(t, vocab, d, Init::Zeros);
+    let params = rng.vec(vocab * d);
+    // Repeated ids, and id 4 never used.
+    let tokens: Vec<u32> = (0..n * t).map(|i| [0, 1, 2, 3, 1, 1][i % 6]).collect();
+    let dy = rng.vec(n * t * d);
+    let mut want_g = vec![0.0f32; vocab * d];
+    for (r, &tok) in tokens.iter().enumerate() {
+        for j in 0..d {
+            want_g[tok as usize * d + j] += dy[r * d + j];
+        }
+    }
+    let mut first: Option<Vec<f32>> = None;
+    for threads in [1, 2, 3] {
+        let r = run_tokens(&mut emb, threads, n, &params, &mut [], &[], &tokens, &dy);
+        for (row, &tok) in tokens.iter().enumerate() {
+            assert_eq!(&r.y[row * d..(row + 1) * d], &params[tok as usize * d..(tok as usize + 1) * d]);
+        }
+        assert_close(&r.grads, &want_g, 1e-6, &format!("embedding gradient, threads {threads}"));
+        assert!(r.grads[4 * d..].iter().all(|&v| v == 0.0), "an unused id gets no gradient");
+        match &first {
+            None => first = Some(r.grads),
+            Some(f) => assert_eq!(f, &r.grads, "the table's gradient must not depend on the thread count"),
+        }
+    }
+    let mut pos = PositionEmbedding::new(t, d, Init::Zeros);
+    let params = rng.vec(t * d);
+    let x = rng.vec(n * t * d);
+    let r = run(&mut pos, 2, n, &params, &mut [], &x, &dy);
+    let mut want_g = vec![0.0f32; t * d];
+    for b in 0..n {
+        for i in 0..t {
+            for j in 0..d {
+                let at = (b * t + i) * d + j;
+                assert_eq!(r.y[at], x[at] + params[i * d + j]);
+                want_g[i * d + j] += dy[at];
+            }
+        }
+    }
+    assert_close(&r.grads, &want_g, 1e-6, "position embedding gradient");
+    assert_eq!(r.dx, dy, "position embedding input gradient");
+}
+
+/// Naive causal attention in f64 on `[n·t × 3d]` rows: (output, input gradient).
+fn attention_naive(
+    t: usize,
+    d: usize,
+    heads: usize,
+    n: usize,
+    x: &[f32],
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let hd = d / heads;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut y = vec![0.0f32; n * t * d];
+    let mut dx = vec![0.0f32; n * t * 3 * d];
+    let at =
+        |b: usize, i: usize, part: usize, h: usize, j: usize| (b * t + i) * 3 * d + part * d + h * hd + j;
+    for b in 0..n {
+        for h in 0..heads {
+            let q = |i: usize, j: usize| x[at(b, i, 0, h, j)] as f64;
+            let k = |i: usize, j: usize| x[at(b, i, 1, h, j)] as f64;
+            let v = |i: usize, j: usize| x[at(b, i, 2, h, j)] as f64;
+            let mut p = vec![vec![0.0f64; t]; t];
+            for i in 0..t {
+                let s: Vec<f64> =
+                    (0..=i).map(|s| (0..hd).map(|j| q(i, j) * k(s, j)).sum::<f64>() * scale).collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                for (s_, &sv) in s.iter().enumerate() {
+                    p[i][s_] = (sv - m).exp() / z;
+                }
+                for j in 0..hd {
+                    y[(b * t + i) * d + h * hd + j] = (0..=i).map(|s| p[i][s] * v(s, j)).sum::<f64>() as f32;
+                }
+            }
+            let dout = |i: usize, j: usize| dy[(b * t + i) * d + h * hd + j] as f64;
+            let mut ds = vec![vec![0.0f64; t]; t];
+            for i in 0..t {
+                let dp: Vec<f64> = (0..=i).map(|s| (0..hd).map(|j| dout(i, j) * v(s, j)).sum()).collect();
+                let dot: f64 = (0..=i).map(|s| p[i][s] * dp[s]).sum();
+                for s in 0..=i {
+                    ds[i][s] = p[i][s] * (dp[s] - dot) * scale;
+                }
+            }
+            for i in 0..t {
+                for j in 0..hd {
+                    dx[at(b, i, 0, h, j)] = (0..=i).map(|s| ds[i][s] * k(s, j)).sum::<f64>() as f32;
+                    dx[at(b, i, 1, h, j)] = (i..t).map(|r| ds[r][i] * q(r, j)).sum::<f64>() as f32;
+                    dx[at(b, i, 2, h, j)] = (i..t).map(|r| p[r][i] * dout(r, j)).sum::<f64>() as f32;
+                }
+            }
+        }
+    }
+    (y, dx)
+}
+
+#[test]
+fn causal_attention_matches_naive_and_finite_differences() {
+    let mut rng = Rand::new(21);
+    // (t, d, heads, batch): one token, odd widths, several query blocks (t > 24).
+    for &(t, d, heads, n) in &[(1, 4, 2, 2), (5, 6, 3, 2), (30, 12, 2, 3), (53, 8, 1, 1)] {
+        let mut layer = CausalSelfAttention::new(t, d, heads).unwrap();
+        let x: Vec<f32> = rng.vec(n * t * 3 * d).iter().map(|v| 2.0 * v).collect();
+        let dy = rng.vec(n * t * d);
+        let (y, dx) = attention_naive(t, d, heads, n, &x, &dy);
+        for threads in [1, 2] {
+            let r = run(&mut layer, threads, n, &[], &mut [], &x, &dy);
+            let what = format!("attention t {t} d {d} heads {heads} batch {n} threads {threads}");
+            assert_close(&r.y, &y, 1e-5, &format!("{what}: forward"));
+            assert_close(&r.dx, &dx, 1e-4, &format!("{what}: input gradient"));
+        }
+    }
+    // The naive backward itself against central differences of Σ dy·y.
+    let (t, d, heads, n) = (4, 4, 2, 1);
+    let x = rng.vec(n * t * 3 * d);
+    let dy = rng.vec(n * t * d);
+    let (_, dx) = attention_naive(t, d, heads, n, &x, &dy);
+    for i in 0..x.len() {
+        let h = 1e-3;
+        let (mut up, mut down) = (x.clone(), x.clone());
+        up[i] += h;
+        down[i] -= h;
+        let f = |xx: &[f32]| -> f64 {
+            let (y, _) = attention_naive(t, d, heads, n, xx, &dy);
+            y.iter().zip(&dy).map(|(&a, &b)| a as f64 * b as f64).sum()
+        };
+        let fd = (f(&up) - f(&down)) / (2.0 * h as f64);
+        assert!(
+            (fd - dx[i] as f64).abs() < 1e-2,
+            "attention input {i}: naive gradient {}, finite difference {fd}",
+            dx[i]
+        );
+    }
+}
+
+#[test]
+fn attention_rejects_heads_that_do_not_divide_the_width() {
+    let err = CausalSelfAttention::new(8, 10, 3).unwrap_err();
+    assert!(err.contains("divisible"), "{err}");
+}
+
+fn conv(cin: usize, cout: usize, k: usize, stride: usize, pad: usize) -> ConvSpec {
+    ConvSpec { cin, cout, kh: k, kw: k, stride, pad, bias: false, relu: false }
+}
+
+#[test]
+fn residual_matches_its_paths_run_separately() {
+    let mut rng = Rand::new(22);
+    let (c, h, w, n) = (3, 7, 5, 3);
+    let input = Layout::Image { c, h, w };
+    let main = || {
+        ChainBuilder::new(input)
+            .try_push("conv1", Conv2d::new(conv(3, 4, 3, 2, 1), h, w))
+            .push("bn1", BatchNorm::new(Layout::Image { c: 4, h: 4, w: 3 }).with_relu())
+            .try_push("conv2", Conv2d::new(conv(4, 4, 3, 1, 1), 4, 3))
+            .push("bn2", BatchNorm::new(Layout::Image { c: 4, h: 4, w: 3 }))
+            .build()
+            .unwrap()
+    };
+    let short = || {
+        ChainBuilder::new(input)
+            .try_push("0", Conv2d::new(conv(3, 4, 1, 2, 0), h, w))
+            .push("1", BatchNorm::new(Layout::Image { c: 4, h: 4, w: 3 }))
+            .build()
+            .unwrap()
+    };
+    let mut block = Residual::new(main(), Some(("downsample", short())), true).unwrap();
+    let names: Vec<String> = block.params().iter().map(|p| p.name.clone()).collect();
+    assert_eq!(
+        names,
+        [
+            "conv1.weight",
+            "bn1.weight",
+            "bn1.bias",
+            "conv2.weight",
+            "bn2.weight",
+            "bn2.bias",
+            "downsample.0.weight",
+            "downsample.1.weight",
+            "downsample.1.bias"
+        ]
+    );
+    let np = param_len(&block);
+    let params = rng.vec(np);
+    let x = rng.vec(n * input.features());
+    let out = block.output().features() * n;
+    let dy = rng.vec(out);
+    // The paths by hand.
+    let (mut m, mut s) = (main(), short());
+    let pm = m.params().iter().map(|p| p.len()).sum::<usize>();
+    let rm = run(&mut m, 1, n, &params[..pm], &mut [0.0; 16], &x, &vec![0.0; out]);
+    let rs = run(&mut s, 1, n, &params[pm..], &mut [0.0; 8], &x, &vec![0.0; out]);
+    let y: Vec<f32> = rm.y.iter().zip(&rs.y).map(|(a, b)| (a + b).max(0.0)).collect();
+    let dz: Vec<f32> = dy.iter().zip(&y).map(|(&g, &v)| if v > 0.0 { g } else { 0.0 }).collect();
+    let rm = run(&mut m, 1, n, &params[..pm], &mut [0.0; 16], &x, &dz);
+    let rs = run(&mut s, 1, n, &params[pm..], &mut [0.0; 8], &x, &dz);
+    let dx: Vec<f32> = rm.dx.iter().zip(&rs.dx).map(|(a, b)| a + b).collect();
+    let g: Vec<f32> = rm.grads.iter().chain(&rs.grads).copied().collect();
+    for threads in [1, 2] {
+        let mut state = vec![0.0; 24];
+        let r = run(&mut block, threads, n, &params, &mut state, &x, &dy);
+        assert_close(&r.y, &y, 1e-5, "residual forward");
+        assert_close(&r.grads, &g, 1e-4, "residual parameter gradient");
+        assert_close(&r.dx, &dx, 1e-4, "residual input gradient");
+    }
+    // Identity shortcut, no ReLU (a pre-LN transformer's): y = x + f(x), dx = dy + f'ᵀ dy.
+    let seq = Layout::Sequence { t: 3, d: 5 };
+    let f = || {
+        ChainBuilder::new(seq)
+            .push("ln", LayerNorm::new(3, 5))
+            .push("fc", Linear::new(3, 5, 5, true, Init::Zeros))
+            .build()
+            .unwrap()
+    };
+    let mut block = Residual::new(f(), None, false).unwrap();
+    let params = rng.vec(param_len(&block));
+    let x = rng.vec(2 * 15);
+    let dy = rng.vec(2 * 15);
+    let rf = run(&mut f(), 1, 2, &params, &mut [], &x, &dy);
+    let r = run(&mut block, 2, 2, &params, &mut [], &x, &dy);
+    let y: Vec<f32> = rf.y.iter().zip(&x).map(|(a, b)| a + b).collect();
+    let dx: Vec<f32> = rf.dx.iter().zip(&dy).map(|(a, b)| a + b).collect();
+    assert_close(&r.y, &y, 1e-6, "identity residual forward");
+    assert_close(&r.dx, &dx, 1e-5, "identity residual input gradient");
+    assert_close(&r.grads, &rf.grads, 1e-5, "identity residual parameter gradient");
+    // A projection whose output does not match is refused.
+    let bad = ChainBuilder::new(input).try_push("0", Conv2d::new(conv(3, 5, 1, 2, 0), h, w)).build().unwrap();
+    let err = Residual::new(main(), Some(("downsample", bad)), true).unwrap_err();
+    assert!(err.contains("the shortcut downsample maps"), "{err}");
+    let err = Residual::new(main(), None, true).unwrap_err();
+    assert!(err.contains("add a projection"), "{err}");
+}
+
+#[test]
+fn softmax_cross_entropy_target_major_matches_feature_major() {
+    let mut rng = Rand::new(23);
+    let (c, n) = (37, 9);
+    let fm: Vec<f32> = rng.vec(c * n).iter().map(|v| 5.0 * v).collect();
+    let mut tm = vec![0.0; c * n];
+    for k in 0..c {
+        for b in 0..n {
+            tm[b * c + k] = fm[k * n + b];
+        }
+    }
+    let labels: Vec<u32> = (0..n).map(|_| rng.below(c) as u32).collect();
+    let loss = SoftmaxCrossEntropy::new(c);
+    let (mut gf, mut gt) = (vec![0.0; c * n], vec![0.0; c * n]);
+    let (lf, cf) = loss.run_with(LogitsOrder::FeatureMajor, &fm, &labels, Some(&mut gf));
+    let (lt, ct) = loss.run_with(LogitsOrder::TargetMajor, &tm, &labels, Some(&mut gt));
+    assert!((lf - lt).abs() < 1e-4 * lf.abs(), "loss {lf} vs {lt}");
+    assert_eq!(cf, ct);
+    for k in 0..c {
+        for b in 0..n {
+            assert!((gf[k * n + b] - gt[b * c + k]).abs() < 1e-6, "gradient of logit {k} of target {b}");
+        }
+    }
+    let (l_eval, _) = loss.run_with(LogitsOrder::TargetMajor, &tm, &labels, None);
+    assert!((l_eval - lt).abs() < 1e-4 * lt.abs());
 }

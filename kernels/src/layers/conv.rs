@@ -104,8 +104,8 @@ impl Conv2d {
             pix: Vec::new(),
             xp: Vec::new(),
             dxp: Vec::new(),
-            wt: vec![0.0; kh * kw * cin * cout],
-            wk: vec![0.0; kh * kw * cin * cout],
+            wt: Vec::new(),
+            wk: Vec::new(),
             gpart: Vec::new(),
             dcols: Vec::new(),
             capacity: 0,
@@ -167,13 +167,13 @@ impl Layer for Conv2d {
 
     fn params(&self) -> Vec<ParamSpec> {
         let s = &self.spec;
-        let mut p = vec![ParamSpec {
-            name: "weight",
-            shape: vec![s.cout, s.cin, s.kh, s.kw],
-            init: Init::HeUniform { fan_in: self.k() },
-        }];
+        let mut p = vec![ParamSpec::new(
+            "weight",
+            &[s.cout, s.cin, s.kh, s.kw],
+            Init::HeUniform { fan_in: self.k() },
+        )];
         if s.bias {
-            p.push(ParamSpec { name: "bias", shape: vec![s.cout], init: Init::Zeros });
+            p.push(ParamSpec::new("bias", &[s.cout], Init::Zeros));
         }
         p
     }
@@ -204,6 +204,8 @@ impl Layer for Conv2d {
             self.capacity = batch;
         }
         let k = self.k();
+        self.wt.resize(k * self.spec.cout, 0.0);
+        self.wk.resize(k * self.spec.cout, 0.0);
         self.gpart.resize_with(threads, Vec::new);
         self.dcols.resize_with(threads, Vec::new);
         for g in &mut self.gpart {

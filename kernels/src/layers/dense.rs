@@ -40,12 +40,8 @@ impl Layer for Dense {
 
     fn params(&self) -> Vec<ParamSpec> {
         vec![
-            ParamSpec {
-                name: "weight",
-                shape: vec![self.outputs, self.inputs],
-                init: Init::HeUniform { fan_in: self.inputs },
-            },
-            ParamSpec { name: "bias", shape: vec![self.outputs], init: Init::Zeros },
+            ParamSpec::new("weight", &[self.outputs, self.inputs], Init::HeUniform { fan_in: self.inputs }),
+            ParamSpec::new("bias", &[self.outputs], Init::Zeros),
         ]
     }
 

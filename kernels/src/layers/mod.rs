@@ -6,7 +6,15 @@
 //! a GEMM's vector dimension is the batch); convolutions, pooling and image batch norm work
 //! **NHWC** (`[batch × h × w × c]`, vectors over channels). [`Flatten`] turns NHWC into the
 //! feature-major `(c, h, w)` order that a dense layer after a convolution expects (PyTorch's
-//! `flatten(1)` order, so parameters keep PyTorch's meaning).
+//! `flatten(1)` order, so parameters keep PyTorch's meaning). Sequence layers (the transformer's)
+//! work **token-major** (`[batch·t × d]`, one row per token, like NHWC with the tokens as
+//! pixels); their integer input ([`Layout::Tokens`]) is not an activation but the batch's token
+//! ids, which [`Ctx::tokens`] carries.
+//!
+//! Composites: [`Chain`] (layers in sequence, itself a layer) and [`Residual`] (`main(x) +
+//! shortcut(x)`, then an optional ReLU) nest, so a ResNet block or a transformer block is one
+//! layer of the network with PyTorch's parameter names (`layer1.0.conv1.weight`,
+//! `h.0.attn.c_attn.weight`).
 //!
 //! Contract of a [`Layer`] (the network relies on it):
 //! - `forward` writes all of `y` (`batch × output.features()` values); `backward` writes all of
@@ -15,19 +23,29 @@
 //! - Work is split over `cx.pool` by batch or by output rows, statically, so results depend only
 //!   on the thread count.
 
+mod attention;
+mod chain;
 mod conv;
 mod dense;
+mod embed;
+mod linear;
 mod loss;
 mod norm;
 mod pool2d;
+mod residual;
 mod simple;
 
+pub use attention::CausalSelfAttention;
+pub use chain::{Chain, ChainBuilder, Entry};
 pub use conv::{Conv2d, ConvSpec};
 pub use dense::Dense;
-pub use loss::SoftmaxCrossEntropy;
-pub use norm::BatchNorm;
+pub use embed::{Embedding, PositionEmbedding};
+pub use linear::Linear;
+pub use loss::{LogitsOrder, SoftmaxCrossEntropy};
+pub use norm::{BatchNorm, LayerNorm};
 pub use pool2d::{AvgPool2d, GlobalAvgPool, MaxPool2d, PoolSpec};
-pub use simple::{Flatten, Relu};
+pub use residual::Residual;
+pub use simple::{Flatten, Gelu, Relu};
 
 use crate::pool::Pool;
 
@@ -45,14 +63,31 @@ pub enum Layout {
         /// Width.
         w: usize,
     },
+    /// A sequence of `t` tokens of `d` features each, stored token-major: `[batch·t × d]`.
+    Sequence {
+        /// Tokens per sample.
+        t: usize,
+        /// Features per token.
+        d: usize,
+    },
+    /// `t` integer token ids below `vocab` per sample (`[batch × t]` in [`Ctx::tokens`]); no
+    /// float values.
+    Tokens {
+        /// Tokens per sample.
+        t: usize,
+        /// Number of distinct ids.
+        vocab: usize,
+    },
 }
 
 impl Layout {
-    /// Values per sample.
+    /// Float values per sample in an activation buffer (0 for token ids, which are not floats).
     pub fn features(&self) -> usize {
         match *self {
             Layout::Features(f) => f,
             Layout::Image { c, h, w } => c * h * w,
+            Layout::Sequence { t, d } => t * d,
+            Layout::Tokens { .. } => 0,
         }
     }
 }
@@ -65,6 +100,11 @@ pub enum Init {
         /// Inputs per output.
         fan_in: usize,
     },
+    /// Uniform in ±`bound` (a transformer's small initialisation: std 0.02 is bound 0.02·√3).
+    Uniform {
+        /// Half-width of the interval.
+        bound: f32,
+    },
     /// All zeros.
     Zeros,
     /// All ones.
@@ -74,8 +114,9 @@ pub enum Init {
 /// One parameter tensor of a layer.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ParamSpec {
-    /// Name inside the layer (`weight`, `bias`); the network prefixes the layer's name.
-    pub name: &'static str,
+    /// Name inside the layer (`weight`, `bias`, or a composite's `conv1.weight`); the enclosing
+    /// chain prefixes the layer's name.
+    pub name: String,
     /// Row-major shape (PyTorch's: `[out, in]`, `[out, in, kh, kw]`, `[c]`).
     pub shape: Vec<usize>,
     /// Initialisation.
@@ -83,6 +124,11 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// A tensor `name` of `shape`.
+    pub fn new(name: &str, shape: &[usize], init: Init) -> Self {
+        Self { name: name.to_owned(), shape: shape.to_vec(), init }
+    }
+
     /// Number of values.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
@@ -104,6 +150,26 @@ pub struct Ctx<'a> {
     pub pool: &'a Pool,
     /// Samples in this batch.
     pub batch: usize,
+    /// The batch's token ids (`[batch × t]`) when the network's input is [`Layout::Tokens`],
+    /// empty otherwise.
+    pub tokens: &'a [u32],
+}
+
+/// Time spent in one layer while profiling (see [`Layer::set_profiling`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LayerTime {
+    /// Full name (`layer1.0.conv1`).
+    pub name: String,
+    /// The layer's description.
+    pub kind: String,
+    /// Whether the layer has no inner layers (composites' times include their layers').
+    pub leaf: bool,
+    /// Forward seconds.
+    pub forward: f64,
+    /// Backward seconds.
+    pub backward: f64,
+    /// Forward passes timed.
+    pub calls: usize,
 }
 
 /// A layer's view of the non-trainable state: writable when training (batch norm updates its
@@ -144,6 +210,15 @@ pub trait Layer: Send {
     /// Makes room for batches of up to `batch` samples (allocates; called before the first step
     /// and whenever a larger batch arrives, never in the steady state).
     fn reserve(&mut self, batch: usize, threads: usize);
+    /// Composites: start (or stop) timing each inner layer's forward and backward passes.
+    fn set_profiling(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// Composites: the inner layers' accumulated times since profiling started, names prefixed
+    /// with `prefix`.
+    fn times(&self, prefix: &str, out: &mut Vec<LayerTime>) {
+        let _ = (prefix, out);
+    }
     /// `y = f(x)`.
     fn forward(&mut self, cx: &Ctx<'_>, params: &[f32], state: State<'_>, x: &[f32], y: &mut [f32]);
     /// Gradients: `dy` in (may be overwritten), `dx` out when given, the gradient slice overwritten.

@@ -1,11 +1,20 @@
-//! The trainer's models as engine networks, with the trainer's architecture, parameter names,
-//! flat order and initialisation scheme (`trainer/src/model.rs`):
-//! - `mlp`: dense layers `fc1..fcN` (hidden widths, ReLU between), softmax cross-entropy;
-//! - `cnn` (LeNet-style): `conv1`, `conv2` (5×5, padding 2, stride 1, ReLU, then 2×2 max pooling
-//!   each), flatten in PyTorch's `(c, h, w)` order, dense `fc1..fcN`.
-//!
-//! Weights are He-uniform (±√(6/fan_in)) drawn in flat order, biases zero, so
-//! [`crate::net::Network::init`] with the trainer's generator reproduces the trainer's weights.
+//! Models as engine networks, each with PyTorch's parameter names and flat order, adapting to
+//! the input shape the data gives:
+//! - [`mlp`] and [`lenet`]: the trainer's MLP and LeNet-style CNN, with the trainer's names, flat
+//!   order and initialisation (`trainer/src/model.rs`): He-uniform weights (±√(6/fan_in)) drawn in
+//!   flat order, biases zero, so [`crate::net::Network::init`] with the trainer's generator
+//!   reproduces the trainer's weights;
+//! - [`resnet`]: ResNet with batch norm, basic and bottleneck blocks (torchvision's names);
+//! - [`vgg`]: VGG-A (PCL-DNN's 8-convolution configuration) and VGG-16 (torchvision's names);
+//! - [`gpt`]: a decoder-only transformer over token ids (nanoGPT's names), tied output projection.
+
+mod gpt;
+mod resnet;
+mod vgg;
+
+pub use gpt::{GptConfig, gpt};
+pub use resnet::{ResNetConfig, ResNetFamily, resnet};
+pub use vgg::{VggConfig, VggVariant, vgg};
 
 use crate::layers::{Conv2d, ConvSpec, Dense, Flatten, Layout, MaxPool2d, PoolSpec};
 use crate::net::{NetError, Network, NetworkBuilder};
@@ -20,10 +29,15 @@ fn dense_head(mut b: NetworkBuilder, hidden: &[usize], classes: usize) -> Networ
     b
 }
 
-fn check_widths(hidden: &[usize], classes: usize) -> Result<(), NetError> {
+fn check_classes(classes: usize) -> Result<(), NetError> {
     if classes < 2 {
         return Err(NetError::Build(format!("a classifier needs at least 2 classes, got {classes}")));
     }
+    Ok(())
+}
+
+fn check_widths(hidden: &[usize], classes: usize) -> Result<(), NetError> {
+    check_classes(classes)?;
     if let Some(w) = hidden.iter().find(|&&w| w == 0) {
         return Err(NetError::Build(format!("hidden widths must be at least 1, got {w}")));
     }
