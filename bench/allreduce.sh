@@ -11,7 +11,7 @@
 #
 # Usage: [RANKS="2 4"] [SIZES=4K,...,256M] [ROUNDS=1] [TANDEM=path/to/tandem] bench/allreduce.sh
 # On a quiet machine: /work/shared/tools/quiet-run -- make bench-allreduce (or any equivalent wait).
-# Writes out/bench/allreduce/{results.jsonl,table.md,allreduce.png} (git-ignored) and prints the table.
+# Writes out/bench/allreduce/{results.jsonl,table.md,allreduce.svg,allreduce.png (with matplotlib)} (git-ignored) and prints the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RANKS=${RANKS:-"2 4"}
@@ -56,5 +56,5 @@ done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
 python3 -c "import matplotlib" 2>/dev/null || python3 -m pip install --quiet matplotlib || \
-  echo "matplotlib unavailable: table only" >&2
+  echo "matplotlib unavailable: SVG plot only" >&2
 python3 bench/plot_allreduce.py "$RESULTS" "$OUT"
