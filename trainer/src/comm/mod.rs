@@ -39,7 +39,8 @@
 //! Guarantees:
 //! - any rank count (1 included) and any length (0 and lengths not divisible by the rank count);
 //! - after an allreduce every rank holds bit-identical values (each element is reduced in one
-//!   order and then copied, or reduced commutatively), so replicas never drift apart;
+//!   order and then copied, or reduced commutatively), so replicas never drift apart (a NaN sum is
+//!   NaN on every rank, with a payload the compiler chooses, [`kernel`]);
 //! - reduce-scatter and allgather split a buffer of `n` elements into [`block_range`] blocks, the
 //!   first `n % size` ranks one element longer;
 //! - with `tcp`, a dead, hung or missing peer turns every call on every other rank into an error
