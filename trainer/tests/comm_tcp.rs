@@ -299,7 +299,10 @@ fn bench_allreduce_prints_one_json_record_per_size() {
             );
             assert!(alg > 0.0 && lat > 0.0 && memcpy > 0.0);
             assert!((bus - alg * 2.0 * 2.0 / 3.0).abs() < 1e-9 * bus.max(1.0), "busbw {bus} vs algbw {alg}");
-            assert!((alg - bytes as f64 / lat / 1e3).abs() < 1e-6 * alg, "algbw {alg} vs {bytes} B in {lat} us");
+            assert!(
+                (alg - bytes as f64 / lat / 1e3).abs() < 1e-6 * alg,
+                "algbw {alg} vs {bytes} B in {lat} us"
+            );
         }
     }
 }
