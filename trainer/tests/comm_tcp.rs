@@ -223,36 +223,33 @@ fn soak_on(timeout_s: &str, extra: impl Fn(usize) -> Vec<String>) -> (Vec<u16>, 
     (ports, ranks)
 }
 
-#[test]
-fn a_killed_rank_makes_every_other_rank_fail_naming_it() {
-    let (ports, mut ranks) = soak("60");
-    let mut victim = ranks.remove(2);
-    victim.child.kill().unwrap();
-    victim.child.wait().unwrap();
-    // Well below the 60 s collective timeout: a death is seen at once, not by timing out.
+/// Kills `victim` of a running 4-rank soak (each rank with its `extra` arguments) and checks
+/// that every other rank fails within 45 s, well below the 60 s collective timeout (a death is
+/// seen at once, not by timing out), naming it and exiting with the retryable code.
+fn assert_a_killed_rank_is_named(victim: usize, extra: impl Fn(usize) -> Vec<String>) {
+    let (ports, mut ranks) = soak_on("60", extra);
+    let mut dead = ranks.remove(victim);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
     let done = finish(ranks, Duration::from_secs(45));
-    let named = format!("rank 2 (127.0.0.1:{})", ports[2]);
-    for f in &done {
-        assert!(!f.success, "a rank finished although its peer died");
-        assert!(f.stderr.contains(&named), "expected {named:?} in: {}", f.stderr);
-    }
-}
-
-#[test]
-fn a_killed_rank_of_a_tcp_only_group_is_named_by_every_other_rank() {
-    // The same death as above with shared memory turned off: detection by the data and control
-    // connections alone.
-    let (ports, mut ranks) = soak_on("60", |_| vec!["--shm".to_owned(), "off".to_owned()]);
-    let mut victim = ranks.remove(2);
-    victim.child.kill().unwrap();
-    victim.child.wait().unwrap();
-    let done = finish(ranks, Duration::from_secs(45));
-    let named = format!("rank 2 (127.0.0.1:{})", ports[2]);
+    let named = format!("rank {victim} (127.0.0.1:{})", ports[victim]);
     for f in &done {
         assert!(!f.success, "a rank finished although its peer died");
         assert!(f.stderr.contains(&named), "expected {named:?} in: {}", f.stderr);
         assert_eq!(f.code, Some(PEER_LOST), "{}", f.stderr);
     }
+}
+
+#[test]
+fn a_killed_rank_makes_every_other_rank_fail_naming_it() {
+    // All four ranks on this machine: the shared-memory path.
+    assert_a_killed_rank_is_named(2, |_| Vec::new());
+}
+
+#[test]
+fn a_killed_rank_of_a_tcp_only_group_is_named_by_every_other_rank() {
+    // Shared memory turned off: detection by the data and control connections alone.
+    assert_a_killed_rank_is_named(2, |_| vec!["--shm".to_owned(), "off".to_owned()]);
 }
 
 #[test]
@@ -346,18 +343,7 @@ fn every_rank_layout_matches_the_serial_reference_on_every_rank() {
 
 #[test]
 fn a_killed_rank_of_a_hierarchical_group_is_named_by_every_other_rank() {
-    let hosts = [0, 0, 1, 1];
-    let (ports, mut ranks) = soak_on("60", on_hosts(&hosts));
-    let mut victim = ranks.remove(1);
-    victim.child.kill().unwrap();
-    victim.child.wait().unwrap();
-    let done = finish(ranks, Duration::from_secs(45));
-    let named = format!("rank 1 (127.0.0.1:{})", ports[1]);
-    for f in &done {
-        assert!(!f.success, "a rank finished although its peer died");
-        assert!(f.stderr.contains(&named), "expected {named:?} in: {}", f.stderr);
-        assert_eq!(f.code, Some(PEER_LOST), "{}", f.stderr);
-    }
+    assert_a_killed_rank_is_named(1, on_hosts(&[0, 0, 1, 1]));
 }
 
 /// Connections to `port` once it accepts: the first proves it listens and is closed at once.
@@ -435,11 +421,11 @@ fn a_stranger_with_another_protocol_is_refused_by_the_acceptor_and_named_at_the_
     // magic). Rank 0 refuses it without failing, and its rendezvous error names both the missing
     // rank and what was refused.
     let ports = free_ports(2);
-    let mut ranks = start(&ports, &[0], same_token, &["--connect-timeout-s", "6", "selftest"]);
+    let ranks = start(&ports, &[0], same_token, &["--connect-timeout-s", "6", "selftest"]);
     let mut idle = idle_connections(ports[0], 1);
     std::io::Write::write_all(&mut idle[0], b"GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: probe\r\n\r\n")
         .unwrap();
-    let done = finish(ranks.drain(..).collect(), Duration::from_secs(60));
+    let done = finish(ranks, Duration::from_secs(60));
     let err = &done[0].stderr;
     assert!(!done[0].success);
     assert!(

@@ -155,7 +155,7 @@ impl Fold {
     ) -> Result<Option<usize>, CommError> {
         let rank = t.rank();
         if rank < 2 * self.rem {
-            if rank % 2 == 0 {
+            if rank.is_multiple_of(2) {
                 t.exchange(Some((rank + 1, &*buf)), None)?;
             } else {
                 t.exchange(None, Some((rank - 1, Recv::reduce(buf, op))))?;
@@ -168,7 +168,7 @@ impl Fold {
     fn unfold<T: Transport + ?Sized>(&self, t: &mut T, buf: &mut [f32]) -> Result<(), CommError> {
         let rank = t.rank();
         if rank < 2 * self.rem {
-            if rank % 2 == 0 {
+            if rank.is_multiple_of(2) {
                 t.exchange(None, Some((rank + 1, Recv::Copy(buf))))?;
             } else {
                 t.exchange(Some((rank - 1, &*buf)), None)?;

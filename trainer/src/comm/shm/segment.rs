@@ -103,7 +103,7 @@ impl Segment {
         slots: usize,
         slot_bytes: usize,
     ) -> Result<Self, String> {
-        if !(1..=MAX_SLOTS).contains(&slots) || slot_bytes == 0 || slot_bytes % 64 != 0 {
+        if !(1..=MAX_SLOTS).contains(&slots) || slot_bytes == 0 || !slot_bytes.is_multiple_of(64) {
             return Err(format!(
                 "{slots} slots of {slot_bytes} bytes: slots must be 1..={MAX_SLOTS} and the slot size a \
                  positive multiple of 64"
