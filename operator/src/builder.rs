@@ -23,9 +23,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Resource, ResourceExt};
 use tandem_api::contract::{self, env};
-use tandem_api::{
-    Backend, Endpoint, GroupTopology, JobConfig, LaunchEnv, PodGroupFlavor, Role, TrainingJob, Transport,
-};
+use tandem_api::{Backend, Endpoint, JobConfig, LaunchEnv, PodGroupFlavor, Role, TrainingJob, Transport};
 
 use crate::names;
 
@@ -108,32 +106,17 @@ fn port(name: &str, port: u16) -> ServicePort {
     }
 }
 
-/// The launch contract's shared part: endpoints of every PS and of every group in the spec.
+/// The launch contract's shared part: endpoints of every PS and of every group in the spec, at
+/// their pods' host names through the headless Service.
 pub fn job_config(job: &TrainingJob) -> JobConfig {
-    let name = job.name_any();
-    let ns = namespace(job);
-    let spec = &job.spec;
-    JobConfig {
-        job_name: name.clone(),
-        namespace: ns.clone(),
-        spec: spec.clone(),
-        parameter_servers: (0..spec.parameter_servers.replicas)
-            .map(|index| Endpoint::new(names::pod_host(&name, &ns, Role::Ps { index }), contract::PS_PORT))
-            .collect(),
-        groups: (0..spec.workers.groups)
-            .map(|group| GroupTopology {
-                index: group,
-                peers: (0..spec.workers.group_size)
-                    .map(|rank| {
-                        Endpoint::new(
-                            names::pod_host(&name, &ns, Role::Worker { group, rank }),
-                            contract::WORKER_PORT,
-                        )
-                    })
-                    .collect(),
-            })
-            .collect(),
-    }
+    let (name, ns) = (job.name_any(), namespace(job));
+    JobConfig::of_spec(&name, &ns, &job.spec, |role| {
+        let port = match role {
+            Role::Ps { .. } => contract::PS_PORT,
+            Role::Worker { .. } | Role::Launcher { .. } => contract::WORKER_PORT,
+        };
+        Endpoint::new(names::pod_host(&name, &ns, role), port)
+    })
 }
 
 /// The job ConfigMap: `job.json` holds [`job_config`].

@@ -12,12 +12,9 @@
 //! is stale. Only the failed pod's unit restarts — one worker group, or one PS replica.
 //!
 //! Rules:
-//! - Retryable failures: exit code ≥ 128 (killed by a signal), eviction, node loss (pod phase
-//!   `Unknown`, or the pod deleted from under the job), a pod failure without an exit code, and
-//!   with `restartPolicy: ExitCode` the codes in `retryableExitCodes`. Exit codes 1–127 are
-//!   permanent and fail the job; with `restartPolicy: Never` every failure does.
-//! - Each restart counts towards `maxRestarts`; the unit's pods return after
-//!   `backoffSeconds · 2^(attempt−1)` (at most an hour).
+//! - Which failure restarts which unit, when the job fails instead, and the back-off are
+//!   [`tandem_api::policy`]'s, shared with the local runner. A pod in phase `Unknown` lost its
+//!   node; a pod deleted from under the job counts as a failure of its unit.
 //! - A tcp group is done when all its workers succeeded, an mpi group when its launcher
 //!   succeeded; the job succeeds when every group in the spec is done.
 //! - Terminal phases are sticky: afterwards only `cleanPodPolicy` and the TTL act.
@@ -32,9 +29,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+use tandem_api::policy::{self, Failure, FailureKind, Unit, Verdict};
 use tandem_api::{
-    Backend, CleanPodPolicy, JobPhase, RestartPolicy, Role, RoleStatus, RunPolicy, TrainingJob,
-    TrainingJobStatus, UnitAttempt,
+    Backend, CleanPodPolicy, JobPhase, Role, RoleStatus, RunPolicy, TrainingJob, TrainingJobStatus,
+    UnitAttempt,
 };
 
 use crate::names;
@@ -56,9 +54,6 @@ pub mod condition {
     /// The job failed.
     pub const FAILED: &str = "Failed";
 }
-
-/// Longest back-off between restarts of one unit.
-const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
 /// Operator settings that shape decisions.
 #[derive(Clone, Debug)]
@@ -120,63 +115,6 @@ pub struct Plan {
     pub restarted: Vec<Role>,
     /// When to look again.
     pub requeue_after: Duration,
-}
-
-/// Why a pod failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum FailureKind {
-    Exit(i32),
-    Evicted,
-    NodeLost,
-    Deleted,
-    Other(String),
-}
-
-#[derive(Clone, Debug)]
-struct Failure {
-    pod: String,
-    role: Role,
-    kind: FailureKind,
-}
-
-impl Failure {
-    fn describe(&self) -> String {
-        match &self.kind {
-            FailureKind::Exit(code) => format!("pod {} exited with code {code}", self.pod),
-            FailureKind::Evicted => format!("pod {} was evicted", self.pod),
-            FailureKind::NodeLost => format!("pod {} lost its node", self.pod),
-            FailureKind::Deleted => format!("pod {} was deleted while the job ran", self.pod),
-            FailureKind::Other(reason) => format!("pod {} failed ({reason})", self.pod),
-        }
-    }
-
-    fn reason(&self) -> &'static str {
-        match self.role {
-            Role::Ps { .. } => "ParameterServerFailed",
-            Role::Worker { .. } => "WorkerFailed",
-            Role::Launcher { .. } => "LauncherFailed",
-        }
-    }
-
-    fn retryable(&self, policy: &RunPolicy) -> bool {
-        match (policy.restart_policy, &self.kind) {
-            (RestartPolicy::Never, _) => false,
-            (_, FailureKind::Exit(code)) if *code >= 128 => true,
-            (RestartPolicy::ExitCode, FailureKind::Exit(code)) => policy.retryable_exit_codes.contains(code),
-            (_, FailureKind::Exit(_)) => false,
-            _ => true,
-        }
-    }
-
-    fn why_permanent(&self, policy: &RunPolicy) -> String {
-        match (policy.restart_policy, &self.kind) {
-            (RestartPolicy::Never, _) => "restartPolicy is Never".to_owned(),
-            (RestartPolicy::ExitCode, FailureKind::Exit(code)) => format!(
-                "exit code {code} is below 128 and not in runPolicy.retryableExitCodes; fix the cause or list it there"
-            ),
-            _ => "exit codes 1-127 are permanent failures; fix the cause, or use restartPolicy ExitCode with retryableExitCodes".to_owned(),
-        }
-    }
 }
 
 /// Facts about one existing pod.
@@ -243,16 +181,11 @@ fn failure_of(seen: &Seen<'_>) -> Option<Failure> {
         _ if seen.deleting => FailureKind::Deleted,
         _ => return None,
     };
-    Some(Failure { pod: seen.name.clone(), role: seen.role, kind })
+    Some(Failure { who: format!("pod {}", seen.name), role: seen.role, kind })
 }
 
 fn in_range(job: &TrainingJob, role: Role) -> bool {
-    let spec = &job.spec;
-    match role {
-        Role::Ps { index } => index < spec.parameter_servers.replicas,
-        Role::Worker { group, rank } => group < spec.workers.groups && rank < spec.workers.group_size,
-        Role::Launcher { group } => spec.workers.backend == Backend::Mpi && group < spec.workers.groups,
-    }
+    role.in_spec(&job.spec)
 }
 
 fn attempt_of<'a>(status: &'a TrainingJobStatus, unit: &str) -> Option<&'a UnitAttempt> {
@@ -262,9 +195,7 @@ fn attempt_of<'a>(status: &'a TrainingJobStatus, unit: &str) -> Option<&'a UnitA
 /// When a unit's pods may be launched again after its last restart.
 fn backoff_until(policy: &RunPolicy, record: &UnitAttempt) -> Option<Timestamp> {
     let last = record.last_restart_time.as_ref()?.0;
-    let exp = record.attempt.saturating_sub(1).min(20);
-    let base = Duration::from_secs(u64::from(policy.backoff_seconds));
-    let wait = base.saturating_mul(1u32 << exp).min(MAX_BACKOFF);
+    let wait = policy::backoff(policy.backoff_seconds, record.attempt);
     last.checked_add(SignedDuration::try_from(wait).ok()?).ok()
 }
 
@@ -417,9 +348,9 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
     );
 
     // Drop bookkeeping of units the spec no longer has (scaled-down groups).
-    st.attempts.retain(|a| unit_in_spec(job, &a.unit));
+    st.attempts.retain(|a| Unit::from_key(&a.unit).is_some_and(|unit| unit.in_spec(spec)));
     let current_attempt =
-        |st: &TrainingJobStatus, role: Role| attempt_of(st, &names::unit(role)).map_or(0, |a| a.attempt);
+        |st: &TrainingJobStatus, role: Role| attempt_of(st, &Unit::of(role).key()).map_or(0, |a| a.attempt);
 
     // Stale (older attempt) and out-of-range pods go.
     for s in &seen {
@@ -429,78 +360,64 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
         }
     }
 
-    // Failures of current pods: restart their unit, or fail the job.
+    // Failures of current pods, by unit: restart the unit, or fail the job.
     let mut failed: Option<(String, String)> = None;
     let mut restarted_units: BTreeSet<String> = BTreeSet::new();
-    let failures: Vec<Failure> = seen
+    let mut failures: Vec<(Unit, Vec<Failure>)> = Vec::new();
+    for failure in seen
         .iter()
         .filter(|s| in_range(job, s.role) && s.attempt >= current_attempt(&old, s.role))
         .filter_map(failure_of)
-        .collect();
-    for failure in failures {
-        let unit = names::unit(failure.role);
-        if restarted_units.contains(&unit) {
-            continue;
+    {
+        let unit = Unit::of(failure.role);
+        match failures.iter_mut().find(|(u, _)| *u == unit) {
+            Some((_, of_unit)) => of_unit.push(failure),
+            None => failures.push((unit, vec![failure])),
         }
-        if !failure.retryable(policy) {
-            failed = Some((
-                failure.reason().to_owned(),
-                format!("{} (permanent: {})", failure.describe(), failure.why_permanent(policy)),
-            ));
-            break;
-        }
-        if st.restarts >= policy.max_restarts {
-            failed = Some((
-                "MaxRestartsExceeded".to_owned(),
-                format!(
-                    "{}; the job already used all {} restarts of runPolicy.maxRestarts",
-                    failure.describe(),
-                    policy.max_restarts
-                ),
-            ));
-            break;
-        }
-        st.restarts += 1;
-        let attempt = current_attempt(&st, failure.role) + 1;
-        match st.attempts.iter_mut().find(|a| a.unit == unit) {
+    }
+    for (unit, of_unit) in &failures {
+        let Some(cause) = policy::cause(policy, of_unit) else { continue };
+        let key = unit.key();
+        let (attempt, message) =
+            match policy::judge(spec, *unit, cause, current_attempt(&st, cause.role), st.restarts) {
+                Verdict::Fail { reason, message } => {
+                    failed = Some((reason.to_owned(), message));
+                    break;
+                }
+                Verdict::Restart { attempt, restarts, message, .. } => {
+                    st.restarts = restarts;
+                    (attempt, message)
+                }
+            };
+        match st.attempts.iter_mut().find(|a| a.unit == key) {
             Some(record) => {
                 record.attempt = attempt;
                 record.last_restart_time = Some(Time(now));
             }
             None => st.attempts.push(UnitAttempt {
-                unit: unit.clone(),
+                unit: key.clone(),
                 attempt,
                 last_restart_time: Some(Time(now)),
             }),
         }
         st.attempts.sort_by(|a, b| a.unit.cmp(&b.unit));
-        let what = match failure.role {
-            Role::Ps { index } => format!("parameter server {index} (it resumes from its latest checkpoint)"),
-            Role::Worker { group, .. } | Role::Launcher { group } => format!("group {group} only"),
-        };
-        let message = format!(
-            "{} (retryable): restarting {what}, attempt {attempt}, restart {} of {}",
-            failure.describe(),
-            st.restarts,
-            policy.max_restarts
-        );
         set_condition(
             &mut st.conditions,
             condition::RESTARTING,
             true,
-            failure.reason(),
+            cause.reason(),
             &message,
             now,
             generation,
         );
-        plan.events.push(Transition { warning: true, reason: failure.reason().to_owned(), message });
-        plan.restarted.push(failure.role);
-        for s in seen.iter().filter(|s| names::unit(s.role) == unit && !s.deleting) {
+        plan.events.push(Transition { warning: true, reason: cause.reason().to_owned(), message });
+        plan.restarted.push(cause.role);
+        for s in seen.iter().filter(|s| Unit::of(s.role) == *unit && !s.deleting) {
             if !plan.delete.contains(&s.name) {
                 plan.delete.push(s.name.clone());
             }
         }
-        restarted_units.insert(unit);
+        restarted_units.insert(key);
     }
 
     // Deadline.
@@ -583,7 +500,7 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
     let exists = |name: &str| seen.iter().any(|s| s.name == name);
     let mut waiting = false;
     let mut launchable = |plan: &mut Plan, role: Role| -> bool {
-        match attempt_of(&st, &names::unit(role)).and_then(|r| backoff_until(policy, r)) {
+        match attempt_of(&st, &Unit::of(role).key()).and_then(|r| backoff_until(policy, r)) {
             Some(at) if now < at => {
                 wake(plan, until(now, at));
                 waiting = true;
@@ -666,14 +583,6 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
     }
     plan.status = st;
     plan
-}
-
-fn unit_in_spec(job: &TrainingJob, unit: &str) -> bool {
-    let parse = |prefix: &str| unit.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok());
-    if let Some(index) = parse("ps-") {
-        return index < job.spec.parameter_servers.replicas;
-    }
-    parse("group-").is_some_and(|group| group < job.spec.workers.groups)
 }
 
 fn role_counts(current: &[&Seen<'_>], pick: impl Fn(Role) -> bool) -> RoleStatus {

@@ -240,6 +240,24 @@ fn a_permanent_exit_code_fails_the_job_naming_pod_and_code() {
 }
 
 #[test]
+fn a_killed_rank_outweighs_its_peers_exit_seen_in_the_same_look() {
+    // Rank 1 was killed (137); rank 0 lost its peer and exited 1, and both failures are seen at once.
+    // The group restarts, as the local runner decides: the peer's exit is collateral. It did not
+    // matter which pod's name sorts first.
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    pods[2] = exited(pods[2].clone(), 1); // mnist-hybrid-g0-0
+    pods[3] = exited(pods[3].clone(), 137); // mnist-hybrid-g0-1
+    let plan = run(&job, &pods, at(10));
+    assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
+    assert_eq!(plan.status.restarts, 1, "one restart for the group, not one per pod");
+    let c = condition(&plan, "Restarting");
+    assert!(c.message.contains("pod mnist-hybrid-g0-1 exited with code 137"), "{}", c.message);
+    assert_eq!(plan.restarted, vec![Role::Worker { group: 0, rank: 1 }]);
+}
+
+#[test]
 fn exit_code_policy_retries_listed_codes_and_never_retries_nothing() {
     let mut job = fixture("hybrid.yaml");
     job.spec.run_policy.restart_policy = RestartPolicy::ExitCode;
