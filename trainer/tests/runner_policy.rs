@@ -1,53 +1,42 @@
-//! The local runner's supervision logic without processes or sockets: restart decisions and their
-//! limits, exit classification (mirroring the operator), chaos parsing, the progress protocol.
+//! The local runner's supervision logic without processes or sockets: restart bookkeeping, chaos
+//! parsing, the progress protocol. The restart rules themselves are `tandem_api::policy`'s, tested
+//! in the api crate.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::time::Duration;
 
 use tandem::runner::chaos::Chaos;
-use tandem::runner::policy::{Decision, Exit, Failure, Supervisor, Unit, backoff};
+use tandem::runner::policy::{Decision, Supervisor};
 use tandem::runner::progress::{self, Line, Merged};
 use tandem_api::contract::Role;
-use tandem_api::{RestartPolicy, RunPolicy};
+use tandem_api::policy::{Failure, FailureKind, Unit};
+use tandem_api::{RestartPolicy, RunPolicy, TrainingJobSpec};
 
-fn policy(restart_policy: RestartPolicy, max_restarts: u32, retryable: &[i32]) -> RunPolicy {
-    RunPolicy {
-        restart_policy,
+fn spec(max_restarts: u32) -> TrainingJobSpec {
+    let mut spec: TrainingJobSpec = serde_yaml::from_str(
+        "model: {kind: mlp, hidden: [8]}\ndata: {source: mnist5k}\ntraining: {algorithm: hybrid, steps: 10}\n\
+         parameterServers: {replicas: 2}\nworkers: {groups: 2, groupSize: 2}\n",
+    )
+    .unwrap();
+    spec.run_policy = RunPolicy {
+        restart_policy: RestartPolicy::OnFailure,
         max_restarts,
-        retryable_exit_codes: retryable.to_vec(),
         backoff_seconds: 2,
         ..RunPolicy::default()
-    }
+    };
+    spec
 }
 
-fn worker(group: u32, rank: u32, exit: Exit) -> Failure {
-    Failure { role: Role::Worker { group, rank }, exit }
-}
-
-#[test]
-fn exit_classification_mirrors_the_operator() {
-    let on_failure = policy(RestartPolicy::OnFailure, 5, &[]);
-    assert!(Exit::Signal(9).retryable(&on_failure));
-    assert!(Exit::Code(137).retryable(&on_failure));
-    assert!(Exit::Code(128).retryable(&on_failure));
-    assert!(!Exit::Code(1).retryable(&on_failure));
-    assert!(!Exit::Code(127).retryable(&on_failure));
-
-    let exit_code = policy(RestartPolicy::ExitCode, 5, &[3]);
-    assert!(Exit::Code(3).retryable(&exit_code));
-    assert!(!Exit::Code(4).retryable(&exit_code));
-    assert!(Exit::Signal(15).retryable(&exit_code));
-
-    let never = policy(RestartPolicy::Never, 5, &[3]);
-    assert!(!Exit::Signal(9).retryable(&never));
-    assert!(!Exit::Code(200).retryable(&never));
+fn worker(group: u32, rank: u32, kind: FailureKind) -> Failure {
+    let role = Role::Worker { group, rank };
+    Failure { who: role.to_string(), role, kind }
 }
 
 #[test]
 fn a_killed_worker_restarts_its_group_only_with_the_next_attempt() {
-    let mut sup = Supervisor::new(policy(RestartPolicy::OnFailure, 5, &[]));
-    let decision = sup.on_failure(Unit::Group(1), &[worker(1, 1, Exit::Signal(9))]);
+    let mut sup = Supervisor::new(spec(5));
+    let decision = sup.on_failure(Unit::Group(1), &[worker(1, 1, FailureKind::Signal(9))]);
     let Decision::Restart { unit, attempt, backoff, message } = decision else {
         panic!("expected a restart, got {decision:?}");
     };
@@ -60,7 +49,7 @@ fn a_killed_worker_restarts_its_group_only_with_the_next_attempt() {
 
     // The same group again: attempt 2, back-off doubled.
     let Decision::Restart { attempt, backoff, .. } =
-        sup.on_failure(Unit::Group(1), &[worker(1, 0, Exit::Code(139))])
+        sup.on_failure(Unit::Group(1), &[worker(1, 0, FailureKind::Exit(139))])
     else {
         panic!("expected a restart");
     };
@@ -68,91 +57,38 @@ fn a_killed_worker_restarts_its_group_only_with_the_next_attempt() {
 }
 
 #[test]
-fn a_killed_rank_outweighs_its_peers_broken_connections() {
-    // The peer noticed the dead rank first and exited with 1; the rank killed by SIGKILL is the cause.
-    let mut sup = Supervisor::new(policy(RestartPolicy::OnFailure, 5, &[]));
-    let failures = [worker(0, 0, Exit::Code(1)), worker(0, 1, Exit::Signal(9))];
-    let decision = sup.on_failure(Unit::Group(0), &failures);
-    match decision {
-        Decision::Restart { message, .. } => {
-            assert!(message.contains("worker 0/1 was killed by signal 9"), "{message}")
-        }
-        other => panic!("expected a restart, got {other:?}"),
-    }
-}
-
-#[test]
-fn a_permanent_exit_fails_the_job_naming_role_index_and_code() {
-    let mut sup = Supervisor::new(policy(RestartPolicy::OnFailure, 5, &[]));
-    let Decision::Fail(message) = sup.on_failure(Unit::Group(1), &[worker(1, 0, Exit::Code(2))]) else {
-        panic!("exit code 2 must be permanent");
-    };
-    assert!(message.contains("worker 1/0 exited with code 2"), "{message}");
-    assert!(message.contains("permanent"), "{message}");
-    assert!(message.contains("retryableExitCodes"), "the message says what to do: {message}");
-    assert_eq!(sup.restarts(), 0);
-}
-
-#[test]
-fn listed_exit_codes_restart_with_restart_policy_exit_code() {
-    let mut sup = Supervisor::new(policy(RestartPolicy::ExitCode, 5, &[42]));
-    let failure = Failure { role: Role::Ps { index: 1 }, exit: Exit::Code(42) };
-    match sup.on_failure(Unit::Ps(1), &[failure]) {
-        Decision::Restart { unit, attempt, message, .. } => {
-            assert_eq!((unit, attempt), (Unit::Ps(1), 1));
-            assert!(message.contains("checkpoint"), "a PS resumes from its checkpoint: {message}");
-        }
-        other => panic!("expected a restart, got {other:?}"),
-    }
-    let failure = Failure { role: Role::Ps { index: 1 }, exit: Exit::Code(43) };
-    assert!(matches!(sup.on_failure(Unit::Ps(1), &[failure]), Decision::Fail(_)));
-}
-
-#[test]
-fn restart_policy_never_fails_on_a_signal() {
-    let mut sup = Supervisor::new(policy(RestartPolicy::Never, 5, &[]));
-    let Decision::Fail(message) = sup.on_failure(Unit::Group(0), &[worker(0, 0, Exit::Signal(9))]) else {
-        panic!("Never must not restart");
-    };
-    assert!(message.contains("restartPolicy is Never"), "{message}");
-}
-
-#[test]
-fn max_restarts_counts_every_unit_and_then_fails() {
-    let mut sup = Supervisor::new(policy(RestartPolicy::OnFailure, 2, &[]));
+fn restarts_count_towards_max_restarts_and_a_permanent_exit_fails() {
+    let mut sup = Supervisor::new(spec(1));
     assert!(matches!(
-        sup.on_failure(Unit::Group(0), &[worker(0, 0, Exit::Signal(9))]),
+        sup.on_failure(
+            Unit::Group(0),
+            &[worker(0, 0, FailureKind::Exit(1)), worker(0, 1, FailureKind::Signal(9))]
+        ),
         Decision::Restart { .. }
     ));
-    let ps = Failure { role: Role::Ps { index: 0 }, exit: Exit::Signal(9) };
-    assert!(matches!(sup.on_failure(Unit::Ps(0), &[ps]), Decision::Restart { .. }));
-    let Decision::Fail(message) = sup.on_failure(Unit::Group(1), &[worker(1, 1, Exit::Code(137))]) else {
-        panic!("the third restart exceeds maxRestarts 2");
+    let Decision::Fail(message) = sup.on_failure(Unit::Group(1), &[worker(1, 1, FailureKind::Signal(9))])
+    else {
+        panic!("maxRestarts 1 is used up");
     };
-    assert!(message.contains("worker 1/1 exited with code 137"), "{message}");
-    assert!(message.contains("all 2 restarts of runPolicy.maxRestarts"), "{message}");
-    assert_eq!(sup.restarts(), 2);
+    assert!(message.contains("all 1 restarts of runPolicy.maxRestarts"), "{message}");
+    let mut sup = Supervisor::new(spec(5));
+    assert!(matches!(
+        sup.on_failure(Unit::Group(0), &[worker(0, 0, FailureKind::Exit(2))]),
+        Decision::Fail(_)
+    ));
+    assert_eq!(sup.restarts(), 0);
 }
 
 #[test]
 fn relaunches_raise_the_attempt_without_counting() {
-    let mut sup = Supervisor::new(policy(RestartPolicy::OnFailure, 1, &[]));
+    let mut sup = Supervisor::new(spec(1));
     assert_eq!(sup.relaunch(Unit::Group(0)), 1);
     assert_eq!(sup.relaunch(Unit::Group(0)), 2);
     assert_eq!(sup.restarts(), 0);
     assert!(matches!(
-        sup.on_failure(Unit::Group(0), &[worker(0, 0, Exit::Signal(9))]),
+        sup.on_failure(Unit::Group(0), &[worker(0, 0, FailureKind::Signal(9))]),
         Decision::Restart { attempt: 3, .. }
     ));
-}
-
-#[test]
-fn backoff_doubles_and_is_capped_at_an_hour() {
-    assert_eq!(backoff(10, 1), Duration::from_secs(10));
-    assert_eq!(backoff(10, 2), Duration::from_secs(20));
-    assert_eq!(backoff(10, 4), Duration::from_secs(80));
-    assert_eq!(backoff(10, 30), Duration::from_secs(3600));
-    assert_eq!(backoff(0, 5), Duration::ZERO);
 }
 
 #[test]

@@ -37,13 +37,15 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
-use tandem_api::contract::{self, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
+use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
+use tandem_api::policy::{Failure, Unit};
 use tandem_api::{Backend, TrainingJobSpec};
 
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::train::Trainer;
+use crate::util::proc::{Exit, die_with_parent, free_ports};
 use chaos::Chaos;
-use policy::{Decision, Exit, Failure, Supervisor, Unit};
+use policy::{Decision, Supervisor};
 use progress::{Line, Merged};
 
 /// How long the other processes of a failing unit get to end on their own before the unit's
@@ -263,15 +265,6 @@ fn install_signal_handlers() {
     }
 }
 
-/// `n` free loopback ports, all held at once so that they differ.
-fn free_ports(n: usize) -> Result<Vec<u16>, RunnerError> {
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(io("finding free ports on 127.0.0.1"))?;
-    listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(io("reading a bound port"))).collect()
-}
-
 fn random_token() -> Result<String, RunnerError> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
@@ -296,22 +289,18 @@ fn write_private(path: &Path, text: &str) -> Result<(), RunnerError> {
 
 /// The job's config with free loopback ports for every PS and rank.
 pub fn local_config(job_name: &str, spec: &TrainingJobSpec) -> Result<JobConfig, RunnerError> {
-    let ps = spec.parameter_servers.replicas as usize;
-    let (groups, size) = (spec.workers.groups as usize, spec.workers.group_size as usize);
-    let ports = free_ports(ps + groups * size)?;
-    let endpoint = |i: usize| Endpoint::new("127.0.0.1", ports[i]);
-    Ok(JobConfig {
-        job_name: job_name.to_owned(),
-        namespace: "local".to_owned(),
-        spec: spec.clone(),
-        parameter_servers: (0..ps).map(endpoint).collect(),
-        groups: (0..groups)
-            .map(|g| GroupTopology {
-                index: g as u32,
-                peers: (0..size).map(|r| endpoint(ps + g * size + r)).collect(),
-            })
-            .collect(),
-    })
+    let ps = spec.parameter_servers.replicas;
+    let size = spec.workers.group_size;
+    let ports = free_ports((ps + spec.workers.groups * size) as usize)
+        .map_err(io("finding free ports on 127.0.0.1"))?;
+    Ok(JobConfig::of_spec(job_name, "local", spec, |role| {
+        let slot = match role {
+            Role::Ps { index } => index,
+            Role::Worker { group, rank } => ps + group * size + rank,
+            Role::Launcher { group } => ps + group * size,
+        };
+        Endpoint::new("127.0.0.1", ports[slot as usize])
+    }))
 }
 
 /// Last lines of a child's log, for failure messages.
@@ -424,21 +413,13 @@ impl Launcher<'_> {
 
 /// Checks that every chaos target exists in the job.
 pub fn check_chaos(spec: &TrainingJobSpec, chaos: &[Chaos]) -> Result<(), RunnerError> {
-    for c in chaos {
-        let ok = match c.target {
-            Role::Ps { index } => index < spec.parameter_servers.replicas,
-            Role::Worker { group, rank } => group < spec.workers.groups && rank < spec.workers.group_size,
-            Role::Launcher { group } => group < spec.workers.groups,
-        };
-        if !ok {
-            return Err(RunnerError::Config(format!(
-                "--chaos {c}: the job has {} parameter server(s) and {} group(s) of {} rank(s); \
-                 name one of them",
-                spec.parameter_servers.replicas, spec.workers.groups, spec.workers.group_size
-            )));
-        }
+    match chaos.iter().find(|c| !c.target.in_spec(spec)) {
+        None => Ok(()),
+        Some(c) => Err(RunnerError::Config(format!(
+            "--chaos {c}: the job has {} parameter server(s) and {} group(s) of {} rank(s); name one of them",
+            spec.parameter_servers.replicas, spec.workers.groups, spec.workers.group_size
+        ))),
     }
-    Ok(())
 }
 
 #[derive(Default)]
@@ -446,26 +427,6 @@ struct UnitState {
     failing: Option<(Instant, Vec<Failure>)>,
     start_at: Option<Instant>,
     done: bool,
-}
-
-/// Makes the kernel send `signal` to the process `cmd` starts when the process that started it
-/// dies (Linux `PR_SET_PDEATHSIG`; nothing elsewhere), so no child outlives a killed parent.
-pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (cmd, signal);
 }
 
 /// Runs the job to the end; `on_event` sees every [`Event`], the last one `Finished`.
@@ -508,7 +469,7 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
     let (tx, rx) = mpsc::channel();
     let launcher = Launcher { opts, config_path, token_path, logs, lines: tx };
     let mut procs = Procs { list: Vec::new(), next_id: 0 };
-    let mut sup = Supervisor::new(spec.run_policy.clone());
+    let mut sup = Supervisor::new(spec.clone());
     let mut units: BTreeMap<Unit, UnitState> = BTreeMap::new();
     for index in 0..spec.parameter_servers.replicas {
         units.insert(Unit::Ps(index), UnitState::default());
@@ -608,7 +569,7 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
             if !exit.success() {
                 let state = units.entry(unit).or_default();
                 let (_, failures) = state.failing.get_or_insert_with(|| (now, Vec::new()));
-                failures.push(Failure { role: p.role, exit });
+                failures.push(Failure { who: p.role.to_string(), role: p.role, kind: exit.failure_kind() });
             }
         }
         // Groups whose every process finished cleanly are done.
