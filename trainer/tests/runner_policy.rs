@@ -1,95 +1,12 @@
-//! The local runner's supervision logic without processes or sockets: restart bookkeeping, chaos
-//! parsing, the progress protocol. The restart rules themselves are `tandem_api::policy`'s, tested
-//! in the api crate.
+//! The local runner's inputs without processes or sockets: chaos parsing and targets, the progress
+//! protocol and its merge. The supervisor's decisions are tested in `runner::state`'s unit tests,
+//! the restart rules (`tandem_api::policy`) in the api crate.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::time::Duration;
-
 use tandem::runner::chaos::Chaos;
-use tandem::runner::policy::{Decision, Supervisor};
 use tandem::runner::progress::{self, Line, Merged};
 use tandem_api::contract::Role;
-use tandem_api::policy::{Failure, FailureKind, Unit};
-use tandem_api::{RestartPolicy, RunPolicy, TrainingJobSpec};
-
-fn spec(max_restarts: u32) -> TrainingJobSpec {
-    let mut spec: TrainingJobSpec = serde_yaml::from_str(
-        "model: {kind: mlp, hidden: [8]}\ndata: {source: mnist5k}\ntraining: {algorithm: hybrid, steps: 10}\n\
-         parameterServers: {replicas: 2}\nworkers: {groups: 2, groupSize: 2}\n",
-    )
-    .unwrap();
-    spec.run_policy = RunPolicy {
-        restart_policy: RestartPolicy::OnFailure,
-        max_restarts,
-        backoff_seconds: 2,
-        ..RunPolicy::default()
-    };
-    spec
-}
-
-fn worker(group: u32, rank: u32, kind: FailureKind) -> Failure {
-    let role = Role::Worker { group, rank };
-    Failure { who: role.to_string(), role, kind }
-}
-
-#[test]
-fn a_killed_worker_restarts_its_group_only_with_the_next_attempt() {
-    let mut sup = Supervisor::new(spec(5));
-    let decision = sup.on_failure(Unit::Group(1), &[worker(1, 1, FailureKind::Signal(9))]);
-    let Decision::Restart { unit, attempt, backoff, message } = decision else {
-        panic!("expected a restart, got {decision:?}");
-    };
-    assert_eq!((unit, attempt, backoff), (Unit::Group(1), 1, Duration::from_secs(2)));
-    assert!(message.contains("worker 1/1") && message.contains("group 1 only"), "{message}");
-    assert_eq!(sup.attempt(Unit::Group(1)), 1);
-    assert_eq!(sup.attempt(Unit::Group(0)), 0, "other groups keep their attempt");
-    assert_eq!(sup.attempt(Unit::Ps(0)), 0);
-    assert_eq!(sup.restarts(), 1);
-
-    // The same group again: attempt 2, back-off doubled.
-    let Decision::Restart { attempt, backoff, .. } =
-        sup.on_failure(Unit::Group(1), &[worker(1, 0, FailureKind::Exit(139))])
-    else {
-        panic!("expected a restart");
-    };
-    assert_eq!((attempt, backoff), (2, Duration::from_secs(4)));
-}
-
-#[test]
-fn restarts_count_towards_max_restarts_and_a_permanent_exit_fails() {
-    let mut sup = Supervisor::new(spec(1));
-    assert!(matches!(
-        sup.on_failure(
-            Unit::Group(0),
-            &[worker(0, 0, FailureKind::Exit(1)), worker(0, 1, FailureKind::Signal(9))]
-        ),
-        Decision::Restart { .. }
-    ));
-    let Decision::Fail(message) = sup.on_failure(Unit::Group(1), &[worker(1, 1, FailureKind::Signal(9))])
-    else {
-        panic!("maxRestarts 1 is used up");
-    };
-    assert!(message.contains("all 1 restarts of runPolicy.maxRestarts"), "{message}");
-    let mut sup = Supervisor::new(spec(5));
-    assert!(matches!(
-        sup.on_failure(Unit::Group(0), &[worker(0, 0, FailureKind::Exit(2))]),
-        Decision::Fail(_)
-    ));
-    assert_eq!(sup.restarts(), 0);
-}
-
-#[test]
-fn relaunches_raise_the_attempt_without_counting() {
-    let mut sup = Supervisor::new(spec(1));
-    assert_eq!(sup.relaunch(Unit::Group(0)), 1);
-    assert_eq!(sup.relaunch(Unit::Group(0)), 2);
-    assert_eq!(sup.restarts(), 0);
-    assert!(matches!(
-        sup.on_failure(Unit::Group(0), &[worker(0, 0, FailureKind::Signal(9))]),
-        Decision::Restart { attempt: 3, .. }
-    ));
-}
 
 #[test]
 fn chaos_specs_parse() {
