@@ -36,6 +36,7 @@ use tandem_api::{
 };
 
 use crate::names;
+use crate::validate::ValidatedJob;
 
 /// Condition types the operator maintains.
 pub mod condition {
@@ -243,7 +244,8 @@ fn condition_is(status: &TrainingJobStatus, type_: &str, value: &str) -> Option<
 }
 
 /// Decides what to do for `job` given what exists.
-pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -> Plan {
+pub fn decide(job: &ValidatedJob<'_>, observed: &Observed<'_>, settings: &Settings) -> Plan {
+    let job = job.job;
     let now = observed.now;
     let name = job.name_any();
     let spec = &job.spec;

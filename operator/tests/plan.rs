@@ -15,11 +15,17 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
 use tandem_operator::plan::{Observed, Plan, Settings, decide};
+use tandem_operator::validate::{ValidatedJob, validate};
 use tandem_operator::{builder, names};
 
 fn fixture(name: &str) -> TrainingJob {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `job` validated, as the controller hands it to the plan and the builders.
+fn valid(job: &TrainingJob) -> ValidatedJob<'_> {
+    validate(job).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn t0() -> Timestamp {
@@ -31,7 +37,7 @@ fn at(seconds: i64) -> Timestamp {
 }
 
 fn pod(job: &TrainingJob, role: Role, attempt: u32, phase: &str, ready: bool) -> Pod {
-    let mut pod = builder::pod(job, role, attempt);
+    let mut pod = builder::pod(&valid(job), role, attempt);
     pod.status = Some(PodStatus {
         phase: Some(phase.to_owned()),
         conditions: Some(vec![PodCondition {
@@ -79,7 +85,7 @@ fn all_running(job: &TrainingJob) -> Vec<Pod> {
 }
 
 fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
-    decide(job, &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
+    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
 }
 
 /// Applies a plan to the job and the pod list, like the controller and API server would.
@@ -188,7 +194,7 @@ fn a_signal_killed_worker_restarts_its_group_only_after_the_backoff() {
         back.create,
         vec![(Role::Worker { group: 0, rank: 0 }, 1), (Role::Worker { group: 0, rank: 1 }, 1)]
     );
-    let recreated = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 1);
+    let recreated = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 0 }, 1);
     let env = &recreated.spec.unwrap().containers[0].env.clone().unwrap();
     assert!(env.iter().any(|e| e.name == "TANDEM_ATTEMPT" && e.value.as_deref() == Some("1")));
     apply(&mut job, &mut pods, &back);
@@ -425,17 +431,21 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     pods[2].metadata.deletion_timestamp = Some(Time(at(30)));
     let lost = BTreeSet::from(["node-a".to_owned()]);
     let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
-    let early = decide(&job, &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
+    let early = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
     assert!(early.force_delete.is_empty());
     // The deleted pod is a disruption: its group restarts (the other rank goes now).
     assert_eq!(early.status.phase, Some(JobPhase::Restarting));
     assert!(condition(&early, "Restarting").message.contains("was deleted"));
     assert_eq!(early.delete, vec!["mnist-hybrid-g0-1".to_owned()]);
     job.status = Some(early.status.clone());
-    let late = decide(&job, &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
+    let late = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
     assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
     assert_eq!(late.status.restarts, 1);
     // A node that is fine gets no force deletion.
-    let fine = decide(&job, &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) }, &settings);
+    let fine = decide(
+        &valid(&job),
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) },
+        &settings,
+    );
     assert!(fine.force_delete.is_empty());
 }
