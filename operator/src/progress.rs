@@ -24,6 +24,7 @@ use tandem_api::Role;
 use tandem_api::contract::{self, PsStatus};
 
 use crate::names;
+use crate::plan::PodPhase;
 use crate::validate::ValidatedJob;
 
 /// Default of how often the progress of a Running job with a parameter server is read (at most;
@@ -126,11 +127,10 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
 pub fn ps0_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr> {
     let name = names::pod(job.name, Role::Ps { index: 0 });
     let pod = pods.iter().find(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())?;
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Running") {
+    if PodPhase::of(pod) != PodPhase::Running {
         return None;
     }
-    let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
+    let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
     Some(SocketAddr::new(ip, contract::STATUS_PORT))
 }
 

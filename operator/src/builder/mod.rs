@@ -7,9 +7,10 @@
 //! settings, environment, volumes and network presets on top of it.
 //!
 //! Layout: this module holds the job-wide objects (Service, ConfigMap, token Secret, PodGroup);
-//! [`pod`] builds a pod from the parts its role and its worker backend add ([`mpi`] for
-//! `backend: mpi`, with the SSH Secret and hostfiles); [`network`] holds the interconnect presets.
-//! A new backend adds a module that returns its parts, not a branch in every step of the pod.
+//! `pod.rs` builds a pod ([`pod()`]) from the parts its role and its worker backend add
+//! (`mpi.rs` for `backend: mpi`, with the SSH Secret and hostfiles); `network.rs` holds the
+//! interconnect presets. A new backend adds a module that returns its parts, not a branch in every
+//! step of the pod.
 
 mod mpi;
 mod network;
