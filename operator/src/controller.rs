@@ -25,9 +25,10 @@
 //! Guarantees: every write uses the field manager [`names::FIELD_MANAGER`]; a reconcile is
 //! idempotent, so running it twice, or after a crash half-way, converges to the same objects;
 //! errors are mapped to fixed categories ([`Error::category`]) for metrics and retried with
-//! back-off. Deleting a TrainingJob deletes its children through owner references.
+//! exponential back-off per job ([`error_policy`], [`error_delay`]). Deleting a TrainingJob
+//! deletes its children through owner references.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -140,10 +141,12 @@ pub struct Context {
     pub concurrency: u16,
     /// How often what is remembered of deleted jobs (known Secrets, tokens) is dropped.
     pub prune_every: Duration,
-    /// The reflector stores, set by [`Prepared::new`]; without them every read goes to the API.
+    /// The reflector stores, set by [`JobController::new`]; without them every read goes to the API.
     caches: OnceLock<Caches>,
     /// `<job uid>/<secret name>` of the Secrets known to exist (found or created).
     known_secrets: Mutex<HashSet<String>>,
+    /// Failed reconciles in a row, for [`error_policy`]'s back-off.
+    failures: Failures,
 }
 
 /// Default of [`Context::concurrency`].
@@ -197,6 +200,7 @@ impl Context {
             prune_every: DEFAULT_PRUNE_EVERY,
             caches: OnceLock::new(),
             known_secrets: Mutex::new(HashSet::new()),
+            failures: Failures::default(),
         }
     }
 
@@ -219,17 +223,63 @@ impl Context {
         if let Ok(mut s) = self.known_secrets.lock() {
             s.retain(|key| key.split_once('/').is_some_and(|(uid, _)| live.contains(uid)));
         }
+        self.failures.retain(live);
         self.tokens.retain(live);
     }
 
-    /// UIDs of the jobs something is remembered of (known Secrets, tokens).
+    /// UIDs of the jobs something is remembered of (known Secrets, tokens, failed reconciles).
     pub fn remembered_jobs(&self) -> HashSet<String> {
         let mut uids = self.tokens.uids();
         if let Ok(s) = self.known_secrets.lock() {
             uids.extend(s.iter().filter_map(|key| Some(key.split_once('/')?.0.to_owned())));
         }
+        uids.extend(self.failures.uids());
         uids
     }
+}
+
+/// Failed reconciles in a row, by job UID.
+#[derive(Debug, Default)]
+pub struct Failures(Mutex<HashMap<String, u32>>);
+
+impl Failures {
+    /// Counts one more failed reconcile of the job with `uid`; returns its failures in a row.
+    pub fn record(&self, uid: &str) -> u32 {
+        let Ok(mut by_uid) = self.0.lock() else { return 1 };
+        let count = by_uid.entry(uid.to_owned()).or_default();
+        *count = count.saturating_add(1);
+        *count
+    }
+
+    /// The job with `uid` reconciled: its back-off starts over.
+    pub fn clear(&self, uid: &str) {
+        if let Ok(mut by_uid) = self.0.lock() {
+            by_uid.remove(uid);
+        }
+    }
+
+    fn retain(&self, live: &HashSet<String>) {
+        if let Ok(mut by_uid) = self.0.lock() {
+            by_uid.retain(|uid, _| live.contains(uid));
+        }
+    }
+
+    fn uids(&self) -> HashSet<String> {
+        self.0.lock().map(|by_uid| by_uid.keys().cloned().collect()).unwrap_or_default()
+    }
+}
+
+/// First wait of [`error_delay`].
+pub const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// Longest wait of [`error_delay`].
+pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// How long a job waits after its `failures`-th failed reconcile in a row: [`ERROR_BACKOFF_BASE`],
+/// doubling each time, at most [`ERROR_BACKOFF_MAX`]. A job whose PodGroup CRD is missing is then
+/// retried every five minutes, not every five seconds forever.
+pub fn error_delay(failures: u32) -> Duration {
+    let shift = failures.saturating_sub(1).min(16);
+    ERROR_BACKOFF_BASE.saturating_mul(1 << shift).min(ERROR_BACKOFF_MAX)
 }
 
 /// A hex SHA-256 of the JSON of `object` (before the hash annotation is added).
@@ -614,6 +664,9 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
     let started = Instant::now();
     let result = reconcile_job(&job, &ctx).await;
     ctx.metrics.observe(started.elapsed(), result.as_ref().err().map(Error::category));
+    if result.is_ok() {
+        ctx.failures.clear(&job.uid().unwrap_or_default());
+    }
     result
 }
 
@@ -681,10 +734,20 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     Ok(Action::requeue(plan.requeue_after))
 }
 
-/// Retries a failed reconcile after a short pause; the error is logged with its category.
-pub fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(job = %job.name_any(), category = error.category(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+/// Retries a failed reconcile after [`error_delay`] of the job's failures in a row; the error is
+/// logged with its category and the wait.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.failures.record(&job.uid().unwrap_or_default());
+    let retry_in = error_delay(failures);
+    tracing::warn!(
+        job = %job.name_any(),
+        category = error.category(),
+        error = %error,
+        failures,
+        retry_in_seconds = retry_in.as_secs(),
+        "reconcile failed"
+    );
+    Action::requeue(retry_in)
 }
 
 /// Counts the cached jobs by phase.
@@ -740,19 +803,20 @@ where
     (store, stream)
 }
 
-/// The controller, ready to run: call [`Prepared::run`]. Its store feeds the jobs gauge.
-pub struct Prepared {
+/// The TrainingJob controller with its watches set up, ready to run: call
+/// [`JobController::run`]. Its store feeds the jobs gauge.
+pub struct JobController {
     controller: Controller<TrainingJob>,
     ctx: Arc<Context>,
 }
 
-impl std::fmt::Debug for Prepared {
+impl std::fmt::Debug for JobController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared").finish_non_exhaustive()
+        f.debug_struct("JobController").finish_non_exhaustive()
     }
 }
 
-impl Prepared {
+impl JobController {
     /// Sets up the watches on TrainingJobs and their pods, ConfigMaps and Services, whose
     /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once.
     pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
@@ -801,5 +865,27 @@ impl Prepared {
             () = controller => {}
             () = prune => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_reconciles_back_off_exponentially_up_to_five_minutes() {
+        let waits: Vec<u64> = (1..=9).map(|n| error_delay(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(error_delay(u32::MAX), ERROR_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn failures_count_per_job_and_start_over_after_a_success() {
+        let failures = Failures::default();
+        assert_eq!((failures.record("a"), failures.record("a"), failures.record("b")), (1, 2, 1));
+        failures.clear("a");
+        assert_eq!(failures.record("a"), 1);
+        failures.retain(&HashSet::from(["b".to_owned()]));
+        assert_eq!(failures.uids(), HashSet::from(["b".to_owned()]));
     }
 }
