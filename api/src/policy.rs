@@ -12,7 +12,14 @@
 //!   permanent; with `restartPolicy: Never` every failure is.
 //! - When several processes of one unit failed, the unit's failure is retryable if any of them is
 //!   ([`cause`]): a killed rank takes its peers down with it, and they are collateral.
-//! - Each restart counts towards `maxRestarts`, all units together; past it the job fails.
+//! - Each restart counts towards `maxRestarts`, all units together; past it the job fails. That
+//!   includes a parameter server's restarts in place ([`judge_in_place`]): on a cluster a PS pod
+//!   has `restartPolicy: OnFailure`, so the kubelet restarts its container in the same pod, whose
+//!   output folder keeps its checkpoints; its exit code is judged by the same rules.
+//! - A restart as a new attempt ([`judge`]) says what the unit resumes from: a PS-algorithm group
+//!   from the PS weights; a PS or an `allreduce` group from its newest checkpoint where its output
+//!   folder survives ([`Relaunch`]): always locally, on a cluster only with a checkpoint claim (a
+//!   new pod gets a new emptyDir).
 //! - A restarted unit comes back after `backoffSeconds · 2^(attempt−1)`, at most [`MAX_BACKOFF`]
 //!   ([`backoff`]).
 //!
@@ -68,16 +75,41 @@ impl Unit {
         }
     }
 
-    /// What a restart of the unit restarts, and where it picks up again.
-    fn restart_scope(self, spec: &TrainingJobSpec) -> String {
-        match self {
-            Unit::Ps(index) => format!("parameter server {index} (it resumes from its latest checkpoint)"),
+    /// What a restart of the unit restarts as a new attempt, relaunched as `relaunch` says, and
+    /// what it picks up again from: a PS-algorithm group from the PS weights; a PS, and an
+    /// `allreduce` group, from its newest checkpoint where its output folder survives.
+    fn restart_scope(self, spec: &TrainingJobSpec, relaunch: Relaunch) -> String {
+        let what = match self {
+            Unit::Ps(index) => format!("parameter server {index}"),
             Unit::Group(group) if spec.training.algorithm.uses_parameter_server() => {
-                format!("group {group} only (it resumes from the PS weights)")
+                return format!("group {group} only (it resumes from the PS weights)");
             }
-            Unit::Group(group) => format!("group {group} only (it resumes from its latest checkpoint)"),
+            Unit::Group(group) => format!("group {group} only"),
+        };
+        match (relaunch, &spec.training.checkpoint.claim_name) {
+            (Relaunch::SameFolder, _) => format!("{what} (it resumes from its latest checkpoint)"),
+            (Relaunch::NewPod, Some(claim)) => {
+                format!(
+                    "{what} in a new pod (it resumes from its newest checkpoint on claim {claim}, if it wrote one)"
+                )
+            }
+            (Relaunch::NewPod, None) => format!(
+                "{what} in a new pod, with a new emptyDir output volume: it starts from its initial weights \
+                 (set spec.training.checkpoint.claimName to keep checkpoints when a pod is lost)"
+            ),
         }
     }
+}
+
+/// Where a unit restarted as a new attempt starts again, which decides whether its output folder,
+/// and so its checkpoints, survive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relaunch {
+    /// In the same output folder: the local runner starts the processes again on this machine.
+    SameFolder,
+    /// In new pods (the operator): their output volume is `spec.training.checkpoint.claimName` if
+    /// the spec names one, else a new, empty emptyDir.
+    NewPod,
 }
 
 impl fmt::Display for Unit {
@@ -198,9 +230,9 @@ pub const MAX_RESTARTS_EXCEEDED: &str = "MaxRestartsExceeded";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Start the unit again as `attempt` once `backoff` has passed; the job has then used
-    /// `restarts` restarts.
+    /// `restarts` restarts. (After [`judge_in_place`]: the kubelet already restarted it; count it.)
     Restart {
-        /// The unit's new attempt (`TANDEM_ATTEMPT` of its processes).
+        /// The unit's new attempt (`TANDEM_ATTEMPT` of its processes); unchanged in place.
         attempt: u32,
         /// The job's restarts, this one included.
         restarts: u32,
@@ -219,19 +251,19 @@ pub enum Verdict {
 }
 
 /// Decides about `unit` of a job with `spec`, failed by `cause` (see [`cause`]) in its attempt
-/// `attempt`, when the job has used `restarts` restarts so far.
-pub fn judge(spec: &TrainingJobSpec, unit: Unit, cause: &Failure, attempt: u32, restarts: u32) -> Verdict {
+/// `attempt`, when the job has used `restarts` restarts so far; a restart relaunches the unit as a
+/// new attempt, as `relaunch` says.
+pub fn judge(
+    spec: &TrainingJobSpec,
+    relaunch: Relaunch,
+    unit: Unit,
+    cause: &Failure,
+    attempt: u32,
+    restarts: u32,
+) -> Verdict {
     let policy = &spec.run_policy;
-    if !cause.kind.retryable(policy) {
-        let message = format!("{cause} (permanent: {})", cause.kind.why_permanent(policy));
-        return Verdict::Fail { reason: cause.reason(), message };
-    }
-    if restarts >= policy.max_restarts {
-        let message = format!(
-            "{cause}; the job already used all {} restarts of runPolicy.maxRestarts",
-            policy.max_restarts
-        );
-        return Verdict::Fail { reason: MAX_RESTARTS_EXCEEDED, message };
+    if let Some(fail) = refuse(policy, cause, restarts.saturating_add(1)) {
+        return fail;
     }
     let (attempt, restarts) = (attempt + 1, restarts + 1);
     Verdict::Restart {
@@ -240,10 +272,58 @@ pub fn judge(spec: &TrainingJobSpec, unit: Unit, cause: &Failure, attempt: u32, 
         backoff: backoff(policy.backoff_seconds, attempt),
         message: format!(
             "{cause} (retryable): restarting {}, attempt {attempt}, restart {restarts} of {}",
-            unit.restart_scope(spec),
+            unit.restart_scope(spec, relaunch),
             policy.max_restarts
         ),
     }
+}
+
+/// Decides about `count` restarts of a parameter server's container that the kubelet already
+/// made in place (`restartPolicy: OnFailure`: same pod, so the output folder and its checkpoints
+/// survive), the last one caused by `cause`, in the unit's attempt `attempt`, when the job had used
+/// `restarts` restarts before them. They count towards `maxRestarts` like any restart, and the
+/// job fails on a permanent cause or once they exceed it. A [`Verdict::Restart`] keeps the
+/// attempt and has no back-off of its own (the kubelet's CrashLoopBackOff applies).
+pub fn judge_in_place(
+    spec: &TrainingJobSpec,
+    cause: &Failure,
+    attempt: u32,
+    count: u32,
+    restarts: u32,
+) -> Verdict {
+    let policy = &spec.run_policy;
+    let restarts = restarts.saturating_add(count);
+    if let Some(fail) = refuse(policy, cause, restarts) {
+        return fail;
+    }
+    Verdict::Restart {
+        attempt,
+        restarts,
+        backoff: Duration::ZERO,
+        message: format!(
+            "{cause} (retryable): the kubelet restarted its container in place, in the same pod, whose output \
+             volume keeps its checkpoints: it resumes from its newest checkpoint there, if it wrote one; \
+             restart {restarts} of {}",
+            policy.max_restarts
+        ),
+    }
+}
+
+/// The job's failure when `cause` is permanent, or when the restart that would make the job's
+/// restarts `restarts` exceeds `maxRestarts`; `None` when the restart is allowed.
+fn refuse(policy: &RunPolicy, cause: &Failure, restarts: u32) -> Option<Verdict> {
+    if !cause.kind.retryable(policy) {
+        let message = format!("{cause} (permanent: {})", cause.kind.why_permanent(policy));
+        return Some(Verdict::Fail { reason: cause.reason(), message });
+    }
+    if restarts > policy.max_restarts {
+        let message = format!(
+            "{cause}; the job already used all {} restarts of runPolicy.maxRestarts",
+            policy.max_restarts
+        );
+        return Some(Verdict::Fail { reason: MAX_RESTARTS_EXCEEDED, message });
+    }
+    None
 }
 
 /// How long a unit restarted as `attempt` waits: `base · 2^(attempt−1)` seconds, at most

@@ -28,11 +28,11 @@ use tandem_api::{Backend, Endpoint, JobConfig, PodGroupFlavor, Role};
 
 use crate::names;
 use crate::validate::ValidatedJob;
-pub use mpi::{SshKeys, TRAINER_FS_GROUP, hostfile, ssh_secret};
+pub use mpi::{SSH_HOST_CA_KEY, SSH_KNOWN_HOSTS, SSHD_COMMAND, SshKeys, hostfile, known_hosts, ssh_secret};
 pub use network::{DEFAULT_RDMA_RESOURCE, EFA_HUGEPAGES, EFA_RESOURCE};
 pub use pod::{
-    SCHEDULER_PLUGINS_GROUP_LABEL, SCHEDULER_PLUGINS_SCHEDULER, STATUS_PORT_NAME, VOLCANO_GROUP_ANNOTATION,
-    VOLCANO_SCHEDULER, pod,
+    SCHEDULER_PLUGINS_GROUP_LABEL, SCHEDULER_PLUGINS_SCHEDULER, STATUS_PORT_NAME, TRAINER_FS_GROUP,
+    VOLCANO_GROUP_ANNOTATION, VOLCANO_SCHEDULER, pod, restart_policy,
 };
 
 /// Metadata of a child object `name` of `job`: its namespace, labels and owner.

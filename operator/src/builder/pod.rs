@@ -25,6 +25,9 @@ pub const VOLCANO_GROUP_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 pub const SCHEDULER_PLUGINS_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 /// Name of a PS pod's container port of its HTTP status endpoint.
 pub const STATUS_PORT_NAME: &str = "status";
+/// Group of the trainer image's `tandem` user (uid 1000): the `fsGroup` of every pod whose template
+/// sets none, so that it can read the mounted job token and SSH keys.
+pub const TRAINER_FS_GROUP: i64 = 1000;
 
 /// What one concern adds to a pod: to its `tandem` container and to its spec.
 #[derive(Debug, Default)]
@@ -159,7 +162,9 @@ fn tandem_container(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) 
 }
 
 /// What every pod of `role` gets: `tandem <role>` with the launch contract, its ports and
-/// readiness, the job ConfigMap, the token Secret and the output volume.
+/// readiness, the job ConfigMap, the token Secret and the output volume, and the image user's
+/// `fsGroup` (Secret files, the token on every pod and the SSH keys on MPI pods, are root-owned
+/// 0400/0600; with an fsGroup the kubelet makes them group-readable by it).
 fn role_parts(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Parts {
     let (ports, ready_port) = match role {
         // The HTTP status endpoint is what the operator reads progress from (see the crate docs).
@@ -188,14 +193,14 @@ fn role_parts(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Parts {
             mount("tandem-output", names::OUTPUT_DIR, false),
         ],
         volumes: job_volumes(job),
-        fs_group: None,
+        fs_group: Some(TRAINER_FS_GROUP),
     }
 }
 
-/// Settings of every pod: never restarted by the kubelet (the operator restarts units), named
-/// for the headless Service, no API token unless asked for, the job's priority class.
+/// Settings of every pod: its restart policy ([`restart_policy`]), named for the headless
+/// Service, no API token unless asked for, the job's priority class.
 fn pod_settings(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) {
-    pod_spec.restart_policy = Some("Never".to_owned());
+    pod_spec.restart_policy = Some(restart_policy(role).to_owned());
     pod_spec.hostname = Some(names::pod(job.name, role));
     pod_spec.subdomain = Some(names::service(job.name));
     pod_spec.enable_service_links = Some(false);
@@ -208,6 +213,17 @@ fn pod_settings(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) {
     }
     if let Some(priority) = &job.spec.run_policy.scheduling.priority_class_name {
         pod_spec.priority_class_name = Some(priority.clone());
+    }
+}
+
+/// A PS restarts in place, `OnFailure`: the kubelet restarts its container in the same pod, whose
+/// output volume keeps its checkpoints (the operator counts those restarts, see
+/// `plan::failures`). Workers and launchers never do, `Never`: their whole group restarts as a new
+/// attempt, which the operator makes.
+pub fn restart_policy(role: Role) -> &'static str {
+    match role {
+        Role::Ps { .. } => "OnFailure",
+        Role::Worker { .. } | Role::Launcher { .. } => "Never",
     }
 }
 

@@ -9,7 +9,8 @@
 //! [`decide`] is a pipeline of named steps over the observed pods (`pods.rs`): force-delete pods
 //! stuck on lost nodes; a finished job only cleans up, a suspended one deletes its pods
 //! (`finish.rs`); otherwise delete stale and out-of-spec pods, restart the units of failed pods or
-//! fail the job, check the deadline (`failures.rs`), count what runs, succeed once every group is
+//! fail the job, count the parameter servers the kubelet restarted in place, check the deadline
+//! (`failures.rs`), count what runs, succeed once every group is
 //! done, create what is missing after its back-off (`launch.rs`), and set the phase and
 //! conditions (`phase.rs`).
 //!
@@ -22,6 +23,14 @@
 //! - Which failure restarts which unit, when the job fails instead, and the back-off are
 //!   [`tandem_api::policy`]'s, shared with the local runner. A pod in phase `Unknown` lost its
 //!   node; a pod deleted from under the job counts as a failure of its unit.
+//! - PS pods run with `restartPolicy: OnFailure`: when a PS process dies, the kubelet restarts its
+//!   container in the same pod, whose output volume (an emptyDir by default) keeps the shard's
+//!   checkpoints, so it resumes from them. Each reconcile reads the container's `restartCount`
+//!   and `lastState`; restarts above `status.attempts[].containerRestarts` are new and are judged
+//!   and counted by [`tandem_api::policy::judge_in_place`]; the pod is not touched. Back-off
+//!   between such restarts is the kubelet's (CrashLoopBackOff). A PS pod that is lost (evicted,
+//!   node lost, deleted) is recreated as a new attempt, which resets `containerRestarts`; with an
+//!   emptyDir it starts from its initial weights, and the event says so.
 //! - A tcp group is done when all its workers succeeded, an mpi group when its launcher
 //!   succeeded; the job succeeds when every group in the spec is done.
 //! - Terminal phases are sticky: afterwards only `cleanPodPolicy` and the TTL act.
@@ -47,7 +56,7 @@ use tandem_api::{JobPhase, Role, TrainingJobStatus};
 use crate::names;
 use crate::validate::ValidatedJob;
 use pods::ObservedPod;
-pub use pods::{PodPhase, exit_code};
+pub use pods::{PodPhase, container_restarts, exit_code};
 
 /// Condition types the operator maintains.
 pub mod condition {
@@ -221,8 +230,11 @@ pub fn decide(job: &ValidatedJob<'_>, observed: &Observed<'_>, settings: &Settin
     }
     created(&mut draft);
     failures::delete_stale(&mut draft, &pods);
-    let failure =
-        failures::restart_failed_units(&mut draft, &pods).or_else(|| failures::deadline(&mut draft));
+    let failure = match failures::restart_failed_units(&mut draft, &pods) {
+        Ok(restarted) => failures::count_in_place_restarts(&mut draft, &pods, &restarted),
+        Err(failure) => Some(failure),
+    }
+    .or_else(|| failures::deadline(&mut draft));
     let current = phase::Current::of(&draft, &pods);
     current.count(&mut draft.status, job.spec);
     if let Some(failure) = failure {

@@ -88,6 +88,11 @@ impl<'a> ObservedPod<'a> {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     }
 
+    /// The kubelet's in-place restarts of its `tandem` container (see [`container_restarts`]).
+    pub fn container_restarts(&self) -> Option<(u32, Option<i32>)> {
+        container_restarts(self.pod)
+    }
+
     /// How the pod failed, if it did: its phase is Failed (evicted, node lost, an exit code, or a
     /// reason) or Unknown (node lost), or it is being deleted before it ended.
     pub fn failure(&self) -> Option<Failure> {
@@ -127,4 +132,13 @@ pub fn exit_code(pod: &Pod) -> Option<i32> {
             .find(|code| name.is_some() || *code != 0)
     };
     code(Some(names::CONTAINER)).or_else(|| code(None))
+}
+
+/// The kubelet's in-place restarts of `pod`'s `tandem` container: its restart count and the exit
+/// code of the run that ended last (`None` when the kubelet reports none).
+pub fn container_restarts(pod: &Pod) -> Option<(u32, Option<i32>)> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let c = statuses.iter().find(|s| s.name == names::CONTAINER)?;
+    let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| t.exit_code);
+    Some((u32::try_from(c.restart_count).unwrap_or(0), last))
 }

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tandem_api::contract::Role;
-use tandem_api::policy::{self, Failure, Unit, Verdict};
+use tandem_api::policy::{self, Failure, Relaunch, Unit, Verdict};
 use tandem_api::{Backend, TrainingJobSpec};
 
 use super::Event;
@@ -339,7 +339,8 @@ impl Supervisor {
         self.kill_unit(unit, out);
         let (logs, failures): (Vec<ProcId>, Vec<Failure>) = failed.into_iter().unzip();
         let Some(cause) = policy::cause(&self.spec.run_policy, &failures) else { return };
-        match policy::judge(&self.spec, unit, cause, self.attempt(unit), self.restarts) {
+        match policy::judge(&self.spec, Relaunch::SameFolder, unit, cause, self.attempt(unit), self.restarts)
+        {
             Verdict::Fail { message, .. } => out.push(Command::Finish(Outcome::Failed { message, logs })),
             Verdict::Restart { attempt, restarts, backoff, message } => {
                 self.restarts = restarts;
