@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+use tandem_api::policy::{self, Failure, FailureKind, Relaunch, Unit, Verdict};
 use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
 use tandem_operator::plan::{Observed, Plan, Settings, decide};
 use tandem_operator::validate::{ValidatedJob, validate};
@@ -486,8 +487,18 @@ fn a_ps_restarted_in_place_keeps_its_pod_and_is_counted_once() {
     assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
     let record = plan.status.attempts.iter().find(|a| a.unit == "ps-0").unwrap();
     assert_eq!((record.attempt, record.container_restarts), (0, Some(1)));
+    // The event is the run policy's verdict on the container's last exit, counted in place.
+    let cause = Failure {
+        who: "pod mnist-hybrid-ps-0".to_owned(),
+        role: Role::Ps { index: 0 },
+        kind: FailureKind::Exit(137),
+    };
+    let Verdict::Restart { message, .. } = policy::judge_in_place(&job.spec, &cause, 0, 1, 0) else {
+        panic!("137 is retryable")
+    };
     let event = plan.events.iter().find(|e| e.warning).unwrap();
-    assert!(event.message.contains("in place") && event.message.contains("if it wrote one"), "{event:?}");
+    assert_eq!(event.message, message);
+    assert_eq!(condition(&plan, "Restarting").message, message);
     assert_eq!(plan.restarted, vec![Role::Ps { index: 0 }]);
     // The next reconcile sees the same restart count: nothing more is counted.
     apply(&mut job, &mut pods, &plan);
@@ -535,7 +546,19 @@ fn a_lost_ps_pod_is_recreated_and_its_event_claims_no_resume() {
     status.reason = Some("Evicted".to_owned());
     let plan = run(&job, &pods, t0());
     assert!(plan.delete.contains(&"mnist-hybrid-ps-0".to_owned()), "{plan:?}");
+    // A new pod: the policy's NewPod verdict, which says it starts from its initial weights.
+    let cause = Failure {
+        who: "pod mnist-hybrid-ps-0".to_owned(),
+        role: Role::Ps { index: 0 },
+        kind: FailureKind::Evicted,
+    };
+    let Verdict::Restart { message, .. } =
+        policy::judge(&job.spec, Relaunch::NewPod, Unit::Ps(0), &cause, 0, 0)
+    else {
+        panic!("an eviction is retryable")
+    };
     let event = plan.events.iter().find(|e| e.warning).unwrap();
+    assert_eq!(event.message, message);
     assert!(event.message.contains("initial weights") && !event.message.contains("resumes"), "{event:?}");
     // With a claim, the checkpoints survive the pod: the event says it resumes from them.
     let mut claimed = job.clone();
