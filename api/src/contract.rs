@@ -191,6 +191,33 @@ pub struct JobConfig {
 }
 
 impl JobConfig {
+    /// The config of job `job_name` in `namespace`: every parameter server and every rank of every
+    /// group that `spec` has, each at the endpoint `endpoint` gives its role.
+    pub fn of_spec(
+        job_name: &str,
+        namespace: &str,
+        spec: &TrainingJobSpec,
+        endpoint: impl Fn(Role) -> Endpoint,
+    ) -> Self {
+        let workers = &spec.workers;
+        JobConfig {
+            job_name: job_name.to_owned(),
+            namespace: namespace.to_owned(),
+            spec: spec.clone(),
+            parameter_servers: (0..spec.parameter_servers.replicas)
+                .map(|index| endpoint(Role::Ps { index }))
+                .collect(),
+            groups: (0..workers.groups)
+                .map(|group| GroupTopology {
+                    index: group,
+                    peers: (0..workers.group_size)
+                        .map(|rank| endpoint(Role::Worker { group, rank }))
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
     /// Parses the JSON written by the operator or the local runner.
     pub fn from_json(text: &str) -> Result<Self, ContractError> {
         serde_json::from_str(text).map_err(|e| ContractError::Config(e.to_string()))

@@ -1,11 +1,13 @@
 //! Tandem's API: the `TrainingJob` custom resource and the launch contract between the operator
 //! and the trainer.
 //!
-//! This crate is pure data: no I/O, no async runtime, no client. Both binaries depend on it, so
-//! a field added here reaches the CRD, the operator and the trainer together.
+//! This crate is pure data and pure rules: no I/O, no async runtime, no client. Both binaries
+//! depend on it, so a field added here reaches the CRD, the operator and the trainer together, and
+//! the run policy ([`policy`]) decides restarts alike on a cluster and on one machine.
 
 pub mod contract;
 pub mod job;
+pub mod policy;
 
 pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
 pub use job::*;

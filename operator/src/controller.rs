@@ -3,7 +3,8 @@
 //!
 //! Expected flow of one reconcile: skip jobs managed by another controller
 //! (`runPolicy.managedBy`); [`crate::validate::validate`] (a bad spec gets a `Failed` status
-//! naming the field, and no objects); read the job's pods from the pod cache; [`crate::plan::decide`];
+//! naming the field, and no objects) into the [`ValidatedJob`] every later step reads; read the
+//! job's pods from the pod cache; [`crate::plan::decide`];
 //! server-side apply the Service, ConfigMap, hostfiles and PodGroup when the cached object is
 //! missing or carries another [`HASH_ANNOTATION`], create the Secrets if absent; for a Running job
 //! with a parameter server read its progress from PS replica 0 ([`crate::progress`]); when the plan
@@ -24,13 +25,15 @@
 //! Guarantees: every write uses the field manager [`names::FIELD_MANAGER`]; a reconcile is
 //! idempotent, so running it twice, or after a crash half-way, converges to the same objects;
 //! errors are mapped to fixed categories ([`Error::category`]) for metrics and retried with
-//! back-off. Deleting a TrainingJob deletes its children through owner references.
+//! exponential back-off per job ([`error_policy`], [`error_delay`]). Deleting a TrainingJob
+//! deletes its children through owner references.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -46,7 +49,8 @@ use tandem_api::{Backend, JobPhase, Role, TrainingJob, TrainingJobStatus};
 
 use crate::metrics::{Metrics, RoleLabel};
 use crate::plan::{self, Observed, Plan, Settings, condition};
-use crate::{builder, names, progress, secrets, validate};
+use crate::validate::{self, ValidatedJob};
+use crate::{builder, names, progress, secrets};
 
 /// A failed step of a reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -137,10 +141,12 @@ pub struct Context {
     pub concurrency: u16,
     /// How often what is remembered of deleted jobs (known Secrets, tokens) is dropped.
     pub prune_every: Duration,
-    /// The reflector stores, set by [`Prepared::new`]; without them every read goes to the API.
+    /// The reflector stores, set by [`JobController::new`]; without them every read goes to the API.
     caches: OnceLock<Caches>,
     /// `<job uid>/<secret name>` of the Secrets known to exist (found or created).
     known_secrets: Mutex<HashSet<String>>,
+    /// Failed reconciles in a row, for [`error_policy`]'s back-off.
+    failures: Failures,
 }
 
 /// Default of [`Context::concurrency`].
@@ -194,6 +200,7 @@ impl Context {
             prune_every: DEFAULT_PRUNE_EVERY,
             caches: OnceLock::new(),
             known_secrets: Mutex::new(HashSet::new()),
+            failures: Failures::default(),
         }
     }
 
@@ -216,17 +223,63 @@ impl Context {
         if let Ok(mut s) = self.known_secrets.lock() {
             s.retain(|key| key.split_once('/').is_some_and(|(uid, _)| live.contains(uid)));
         }
+        self.failures.retain(live);
         self.tokens.retain(live);
     }
 
-    /// UIDs of the jobs something is remembered of (known Secrets, tokens).
+    /// UIDs of the jobs something is remembered of (known Secrets, tokens, failed reconciles).
     pub fn remembered_jobs(&self) -> HashSet<String> {
         let mut uids = self.tokens.uids();
         if let Ok(s) = self.known_secrets.lock() {
             uids.extend(s.iter().filter_map(|key| Some(key.split_once('/')?.0.to_owned())));
         }
+        uids.extend(self.failures.uids());
         uids
     }
+}
+
+/// Failed reconciles in a row, by job UID.
+#[derive(Debug, Default)]
+pub struct Failures(Mutex<HashMap<String, u32>>);
+
+impl Failures {
+    /// Counts one more failed reconcile of the job with `uid`; returns its failures in a row.
+    pub fn record(&self, uid: &str) -> u32 {
+        let Ok(mut by_uid) = self.0.lock() else { return 1 };
+        let count = by_uid.entry(uid.to_owned()).or_default();
+        *count = count.saturating_add(1);
+        *count
+    }
+
+    /// The job with `uid` reconciled: its back-off starts over.
+    pub fn clear(&self, uid: &str) {
+        if let Ok(mut by_uid) = self.0.lock() {
+            by_uid.remove(uid);
+        }
+    }
+
+    fn retain(&self, live: &HashSet<String>) {
+        if let Ok(mut by_uid) = self.0.lock() {
+            by_uid.retain(|uid, _| live.contains(uid));
+        }
+    }
+
+    fn uids(&self) -> HashSet<String> {
+        self.0.lock().map(|by_uid| by_uid.keys().cloned().collect()).unwrap_or_default()
+    }
+}
+
+/// First wait of [`error_delay`].
+pub const ERROR_BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// Longest wait of [`error_delay`].
+pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// How long a job waits after its `failures`-th failed reconcile in a row: [`ERROR_BACKOFF_BASE`],
+/// doubling each time, at most [`ERROR_BACKOFF_MAX`]. A job whose PodGroup CRD is missing is then
+/// retried every five minutes, not every five seconds forever.
+pub fn error_delay(failures: u32) -> Duration {
+    let shift = failures.saturating_sub(1).min(16);
+    ERROR_BACKOFF_BASE.saturating_mul(1 << shift).min(ERROR_BACKOFF_MAX)
 }
 
 /// A hex SHA-256 of the JSON of `object` (before the hash annotation is added).
@@ -282,12 +335,12 @@ where
 /// A Secret found or created once is remembered for the job's UID, and not read again.
 async fn create_once(
     ctx: &Context,
-    job: &TrainingJob,
+    job: &ValidatedJob<'_>,
     api: &Api<Secret>,
     name: &str,
     make: impl FnOnce() -> Result<Secret, Error>,
 ) -> Result<(), Error> {
-    let key = format!("{}/{name}", job.uid().unwrap_or_default());
+    let key = format!("{}/{name}", job.uid);
     if ctx.secret_known(&key) {
         return Ok(());
     }
@@ -305,10 +358,10 @@ async fn create_once(
         .await
     {
         Ok(_) => {
-            if name == names::token_secret(&job.name_any())
+            if name == names::token_secret(job.name)
                 && let Some(token) = secrets::token_of(&secret)
             {
-                ctx.tokens.remember(job, &token);
+                ctx.tokens.remember(job.uid, &token);
             }
             ctx.remember_secret(key);
             Ok(())
@@ -321,24 +374,23 @@ async fn create_once(
     }
 }
 
-async fn ensure_children(job: &TrainingJob, ctx: &Context) -> Result<(), Error> {
-    let ns = job.namespace().unwrap_or_default();
-    let name = job.name_any();
+async fn ensure_children(job: &ValidatedJob<'_>, ctx: &Context) -> Result<(), Error> {
+    let (ns, name) = (job.namespace, job.name);
     let client = ctx.client.clone();
     let caches = ctx.caches();
     let (service, hash) = with_hash(builder::service(job));
-    if !up_to_date(caches.map(|c| &c.services), &ns, &service.name_any(), &hash) {
-        apply(&Api::<Service>::namespaced(client.clone(), &ns), &service).await?;
+    if !up_to_date(caches.map(|c| &c.services), ns, &service.name_any(), &hash) {
+        apply(&Api::<Service>::namespaced(client.clone(), ns), &service).await?;
     }
-    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
     let mut wanted = vec![builder::config_map(job)];
-    let secrets_api = Api::<Secret>::namespaced(client.clone(), &ns);
-    create_once(ctx, job, &secrets_api, &names::token_secret(&name), || {
+    let secrets_api = Api::<Secret>::namespaced(client.clone(), ns);
+    create_once(ctx, job, &secrets_api, &names::token_secret(name), || {
         Ok(builder::token_secret(job, &secrets::job_token()?))
     })
     .await?;
     if job.spec.workers.backend == Backend::Mpi {
-        create_once(ctx, job, &secrets_api, &names::ssh_secret(&name), || {
+        create_once(ctx, job, &secrets_api, &names::ssh_secret(name), || {
             Ok(builder::ssh_secret(job, &secrets::ssh_keys(&format!("tandem@{name}"))?))
         })
         .await?;
@@ -346,21 +398,21 @@ async fn ensure_children(job: &TrainingJob, ctx: &Context) -> Result<(), Error> 
     }
     for cm in wanted {
         let (cm, hash) = with_hash(cm);
-        if !up_to_date(caches.map(|c| &c.config_maps), &ns, &cm.name_any(), &hash) {
+        if !up_to_date(caches.map(|c| &c.config_maps), ns, &cm.name_any(), &hash) {
             apply(&config_maps, &cm).await?;
         }
     }
     // Hostfiles of groups that scaling removed.
-    let existing: Vec<(String, std::collections::BTreeMap<String, String>)> = match caches {
+    let existing: Vec<(String, BTreeMap<String, String>)> = match caches {
         Some(c) => c
             .config_maps
             .state()
             .iter()
-            .filter(|cm| cm.namespace().as_deref() == Some(ns.as_str()) && is_child_of(cm.labels(), &name))
+            .filter(|cm| cm.namespace().as_deref() == Some(ns) && is_child_of(cm.labels(), name))
             .map(|cm| (cm.name_any(), cm.labels().clone()))
             .collect(),
         None => config_maps
-            .list(&ListParams::default().labels(&names::job_selector(&name)))
+            .list(&ListParams::default().labels(&names::job_selector(name)))
             .await
             .map_err(|source| Error::Read { what: format!("ConfigMaps of {name}"), source })?
             .items
@@ -380,29 +432,28 @@ async fn ensure_children(job: &TrainingJob, ctx: &Context) -> Result<(), Error> 
 }
 
 /// Whether `labels` match [`names::job_selector`] of job `name`.
-fn is_child_of(labels: &std::collections::BTreeMap<String, String>, name: &str) -> bool {
+fn is_child_of(labels: &BTreeMap<String, String>, name: &str) -> bool {
     labels.get(names::LABEL_JOB).is_some_and(|j| j == name)
         && labels.get(names::LABEL_MANAGED_BY).is_some_and(|m| m == names::FIELD_MANAGER)
 }
 
 /// The job's pods: from the pod cache, or listed when there is none.
-async fn job_pods(job: &TrainingJob, ctx: &Context) -> Result<Vec<Pod>, Error> {
-    let ns = job.namespace().unwrap_or_default();
-    let name = job.name_any();
+async fn job_pods(job: &ValidatedJob<'_>, ctx: &Context) -> Result<Vec<Pod>, Error> {
+    let (ns, name) = (job.namespace, job.name);
     if let Some(caches) = ctx.caches() {
         caches.ready().await;
         let mut pods: Vec<Pod> = caches
             .pods
             .state()
             .iter()
-            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && is_child_of(p.labels(), &name))
+            .filter(|p| p.namespace().as_deref() == Some(ns) && is_child_of(p.labels(), name))
             .map(|p| Pod::clone(p))
             .collect();
         pods.sort_by_key(ResourceExt::name_any);
         return Ok(pods);
     }
-    Ok(Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default().labels(&names::job_selector(&name)))
+    Ok(Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default().labels(&names::job_selector(name)))
         .await
         .map_err(|source| Error::Read { what: format!("pods of {name}"), source })?
         .items)
@@ -419,15 +470,14 @@ where
     }
 }
 
-async fn sync_pod_group(job: &TrainingJob, ctx: &Context, want: bool) -> Result<(), Error> {
+async fn sync_pod_group(job: &ValidatedJob<'_>, ctx: &Context, want: bool) -> Result<(), Error> {
     let scheduling = &job.spec.run_policy.scheduling;
     if !scheduling.gang {
         return Ok(());
     }
-    let ns = job.namespace().unwrap_or_default();
     let resource = builder::pod_group_resource(scheduling.pod_group_flavor);
-    let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &resource);
-    let name = names::pod_group(&job.name_any());
+    let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), job.namespace, &resource);
+    let name = names::pod_group(job.name);
     if want {
         let object = builder::pod_group(job);
         api.patch(&name, &apply_params(), &Patch::Apply(&object)).await.map(drop).map_err(|source| {
@@ -471,25 +521,31 @@ async fn lost_nodes(ctx: &Context, pods: &[Pod]) -> BTreeSet<String> {
     lost
 }
 
-async fn write_status(job: &TrainingJob, ctx: &Context, status: &TrainingJobStatus) -> Result<(), Error> {
-    let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+/// Applies `status` to the status of TrainingJob `name` in `namespace`.
+async fn write_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &TrainingJobStatus,
+) -> Result<(), Error> {
+    let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), namespace);
     let body = serde_json::json!({
         "apiVersion": TrainingJob::api_version(&()),
         "kind": TrainingJob::kind(&()),
         "status": status,
     });
-    api.patch_status(&job.name_any(), &apply_params(), &Patch::Apply(&body))
+    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
         .await
         .map(drop)
-        .map_err(|source| Error::Status { job: job.name_any(), source })
+        .map_err(|source| Error::Status { job: name.to_owned(), source })
 }
 
 /// Reads a Running job's progress from its PS replica 0 into `status`; anything that fails is
 /// logged at debug and leaves the last progress in place.
-async fn read_progress(job: &TrainingJob, ctx: &Context, pods: &[Pod], status: &mut TrainingJobStatus) {
-    let name = job.name_any();
+async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod], status: &mut TrainingJobStatus) {
+    let name = job.name;
     if status.phase != Some(JobPhase::Running) {
-        ctx.tokens.forget(job);
+        ctx.tokens.forget(job.uid);
         return;
     }
     let Some(addr) = progress::ps0_address(job, pods) else {
@@ -515,14 +571,15 @@ async fn read_progress(job: &TrainingJob, ctx: &Context, pods: &[Pod], status: &
         }
         Err(e) => {
             if e.is_unauthorized() {
-                ctx.tokens.forget(job);
+                ctx.tokens.forget(job.uid);
             }
             tracing::debug!(job = %name, error = %e, "cannot read progress; keeping the last one");
         }
     }
 }
 
-async fn publish(job: &TrainingJob, ctx: &Context, warning: bool, reason: &str, message: &str) {
+/// Publishes an Event about the job that `reference` names.
+async fn publish(reference: &ObjectReference, ctx: &Context, warning: bool, reason: &str, message: &str) {
     let event = Event {
         type_: if warning { EventType::Warning } else { EventType::Normal },
         reason: reason.to_owned(),
@@ -530,8 +587,8 @@ async fn publish(job: &TrainingJob, ctx: &Context, warning: bool, reason: &str, 
         action: "Reconcile".to_owned(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-        tracing::warn!(job = %job.name_any(), error = %e, "cannot publish event");
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        tracing::warn!(job = ?reference.name, error = %e, "cannot publish event");
     }
 }
 
@@ -561,15 +618,16 @@ async fn reject(
             now,
             job.metadata.generation,
         );
-        write_status(job, ctx, &status).await?;
-        publish(job, ctx, true, "InvalidSpec", &message).await;
+        // A job without a namespace did not come from the API server; writing fails and says so.
+        let namespace = job.namespace().unwrap_or_default();
+        write_status(ctx, &namespace, &job.name_any(), &status).await?;
+        publish(&job.object_ref(&()), ctx, true, "InvalidSpec", &message).await;
     }
     Ok(Action::await_change())
 }
 
-async fn execute(job: &TrainingJob, ctx: &Context, plan: &Plan) -> Result<(), Error> {
-    let ns = job.namespace().unwrap_or_default();
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
+async fn execute(job: &ValidatedJob<'_>, ctx: &Context, plan: &Plan) -> Result<(), Error> {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), job.namespace);
     for name in &plan.delete {
         delete(&pods, name, "Pod", &DeleteParams::default()).await?;
     }
@@ -589,7 +647,7 @@ async fn execute(job: &TrainingJob, ctx: &Context, plan: &Plan) -> Result<(), Er
     Ok(())
 }
 
-async fn create_pod(job: &TrainingJob, pods: &Api<Pod>, role: Role, attempt: u32) -> Result<(), Error> {
+async fn create_pod(job: &ValidatedJob<'_>, pods: &Api<Pod>, role: Role, attempt: u32) -> Result<(), Error> {
     let pod = builder::pod(job, role, attempt);
     let name = pod.name_any();
     let params = PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() };
@@ -606,6 +664,9 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
     let started = Instant::now();
     let result = reconcile_job(&job, &ctx).await;
     ctx.metrics.observe(started.elapsed(), result.as_ref().err().map(Error::category));
+    if result.is_ok() {
+        ctx.failures.clear(&job.uid().unwrap_or_default());
+    }
     result
 }
 
@@ -620,10 +681,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
         tracing::debug!(job = %name, %manager, "skipping a job managed by another controller");
         return Ok(Action::await_change());
     }
-    if let Err(e) = validate::validate(job) {
-        return reject(job, ctx, &e).await;
-    }
-    let ns = job.namespace().unwrap_or_default();
+    let raw = job;
+    let job = match validate::validate(raw) {
+        Ok(job) => job,
+        Err(e) => return reject(raw, ctx, &e).await,
+    };
+    let job = &job;
     let pods = job_pods(job, ctx).await?;
     let lost = lost_nodes(ctx, &pods).await;
     let mut plan =
@@ -632,7 +695,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     if has_ps {
         read_progress(job, ctx, &pods, &mut plan.status).await;
     } else {
-        ctx.tokens.forget(job);
+        ctx.tokens.forget(job.uid);
     }
     if has_ps && plan.status.phase == Some(JobPhase::Running) {
         plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
@@ -649,11 +712,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     if pods_first {
         execute(job, ctx, &plan).await?;
     }
-    if job.status.as_ref() != Some(&plan.status) {
-        write_status(job, ctx, &plan.status).await?;
+    if raw.status.as_ref() != Some(&plan.status) {
+        write_status(ctx, job.namespace, job.name, &plan.status).await?;
     }
+    let reference = raw.object_ref(&());
     for event in &plan.events {
-        publish(job, ctx, event.warning, &event.reason, &event.message).await;
+        publish(&reference, ctx, event.warning, &event.reason, &event.message).await;
     }
     for role in &plan.restarted {
         ctx.metrics.restarts.get_or_create(&RoleLabel { role: role.name().to_owned() }).inc();
@@ -662,23 +726,33 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
         execute(job, ctx, &plan).await?;
     }
     if plan.delete_job {
-        tracing::info!(job = %name, "deleting finished job: ttlSecondsAfterFinished expired");
-        let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), &ns);
-        delete(&api, &name, "TrainingJob", &DeleteParams::background()).await?;
+        tracing::info!(job = %job.name, "deleting finished job: ttlSecondsAfterFinished expired");
+        let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), job.namespace);
+        delete(&api, job.name, "TrainingJob", &DeleteParams::background()).await?;
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(plan.requeue_after))
 }
 
-/// Retries a failed reconcile after a short pause; the error is logged with its category.
-pub fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(job = %job.name_any(), category = error.category(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+/// Retries a failed reconcile after [`error_delay`] of the job's failures in a row; the error is
+/// logged with its category and the wait.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.failures.record(&job.uid().unwrap_or_default());
+    let retry_in = error_delay(failures);
+    tracing::warn!(
+        job = %job.name_any(),
+        category = error.category(),
+        error = %error,
+        failures,
+        retry_in_seconds = retry_in.as_secs(),
+        "reconcile failed"
+    );
+    Action::requeue(retry_in)
 }
 
 /// Counts the cached jobs by phase.
 pub fn count_phases(store: &Store<TrainingJob>) -> Vec<(&'static str, i64)> {
-    let mut counts: std::collections::BTreeMap<&'static str, i64> = std::collections::BTreeMap::new();
+    let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
     for job in store.state() {
         *counts.entry(plan::phase_name(job.status.as_ref().and_then(|s| s.phase))).or_default() += 1;
     }
@@ -729,19 +803,20 @@ where
     (store, stream)
 }
 
-/// The controller, ready to run: call [`Prepared::run`]. Its store feeds the jobs gauge.
-pub struct Prepared {
+/// The TrainingJob controller with its watches set up, ready to run: call
+/// [`JobController::run`]. Its store feeds the jobs gauge.
+pub struct JobController {
     controller: Controller<TrainingJob>,
     ctx: Arc<Context>,
 }
 
-impl std::fmt::Debug for Prepared {
+impl std::fmt::Debug for JobController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared").finish_non_exhaustive()
+        f.debug_struct("JobController").finish_non_exhaustive()
     }
 }
 
-impl Prepared {
+impl JobController {
     /// Sets up the watches on TrainingJobs and their pods, ConfigMaps and Services, whose
     /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once.
     pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
@@ -790,5 +865,27 @@ impl Prepared {
             () = controller => {}
             () = prune => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_reconciles_back_off_exponentially_up_to_five_minutes() {
+        let waits: Vec<u64> = (1..=9).map(|n| error_delay(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(error_delay(u32::MAX), ERROR_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn failures_count_per_job_and_start_over_after_a_success() {
+        let failures = Failures::default();
+        assert_eq!((failures.record("a"), failures.record("a"), failures.record("b")), (1, 2, 1));
+        failures.clear("a");
+        assert_eq!(failures.record("a"), 1);
+        failures.retain(&HashSet::from(["b".to_owned()]));
+        assert_eq!(failures.uids(), HashSet::from(["b".to_owned()]));
     }
 }

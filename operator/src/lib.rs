@@ -46,5 +46,5 @@ pub mod secrets;
 pub mod server;
 pub mod validate;
 
-pub use controller::{Context, Error, Prepared, Scope};
+pub use controller::{Context, Error, JobController, Scope};
 pub use plan::Settings;

@@ -11,7 +11,7 @@ use clap::Parser;
 use tandem_operator::leader::LeaderElector;
 use tandem_operator::metrics::Metrics;
 use tandem_operator::server::{self, Health};
-use tandem_operator::{Context, Prepared, Scope, Settings, controller};
+use tandem_operator::{Context, JobController, Scope, Settings, controller};
 use tokio::sync::watch;
 
 /// Reconciles TrainingJobs into parameter-server pods and MPI worker groups.
@@ -118,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
     ctx.concurrency = args.concurrency;
     ctx.progress_every = Duration::from_secs(args.progress_every.max(1));
     let ctx = Arc::new(ctx);
-    let prepared = Prepared::new(ctx, &Scope { namespace: args.namespace.clone() });
+    let prepared = JobController::new(ctx, &Scope { namespace: args.namespace.clone() });
     let refresh_store = prepared.store();
     let refresh_metrics = metrics.clone();
     let refresh: server::Refresh =

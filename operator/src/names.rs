@@ -104,14 +104,6 @@ pub fn pod_host(job: &str, namespace: &str, role: Role) -> String {
     format!("{}.{}.{namespace}.svc", pod(job, role), service(job))
 }
 
-/// The restart unit a role belongs to: a PS replica alone, or a whole worker group.
-pub fn unit(role: Role) -> String {
-    match role {
-        Role::Ps { index } => format!("ps-{index}"),
-        Role::Worker { group, .. } | Role::Launcher { group } => format!("group-{group}"),
-    }
-}
-
 /// Labels every child of job `job` carries.
 pub fn child_labels(job: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([

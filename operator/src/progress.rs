@@ -20,10 +20,12 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
+use tandem_api::Role;
 use tandem_api::contract::{self, PsStatus};
-use tandem_api::{Role, TrainingJob};
 
 use crate::names;
+use crate::plan::PodPhase;
+use crate::validate::ValidatedJob;
 
 /// Default of how often the progress of a Running job with a parameter server is read (at most;
 /// the resync may be shorter); `--progress-every` of the operator.
@@ -122,14 +124,13 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
 }
 
 /// The status endpoint of the job's PS replica 0, if that pod runs and has an IP.
-pub fn ps0_address(job: &TrainingJob, pods: &[Pod]) -> Option<SocketAddr> {
-    let name = names::pod(&job.name_any(), Role::Ps { index: 0 });
+pub fn ps0_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr> {
+    let name = names::pod(job.name, Role::Ps { index: 0 });
     let pod = pods.iter().find(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())?;
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Running") {
+    if PodPhase::of(pod) != PodPhase::Running {
         return None;
     }
-    let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
+    let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
     Some(SocketAddr::new(ip, contract::STATUS_PORT))
 }
 
@@ -143,26 +144,22 @@ pub struct Tokens {
 impl Tokens {
     /// The token of `job`: cached, or read from its Secret; `None` if the Secret or its key is
     /// missing.
-    pub async fn get(&self, client: &Client, job: &TrainingJob) -> Result<Option<String>, kube::Error> {
-        let uid = job.uid().unwrap_or_default();
-        if let Some(token) = self.by_uid.lock().ok().and_then(|m| m.get(&uid).cloned()) {
+    pub async fn get(&self, client: &Client, job: &ValidatedJob<'_>) -> Result<Option<String>, kube::Error> {
+        if let Some(token) = self.by_uid.lock().ok().and_then(|m| m.get(job.uid).cloned()) {
             return Ok(Some(token));
         }
-        let ns = job.namespace().unwrap_or_default();
-        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
-            .get_opt(&names::token_secret(&job.name_any()))
+        let secret = Api::<Secret>::namespaced(client.clone(), job.namespace)
+            .get_opt(&names::token_secret(job.name))
             .await?;
         let Some(token) = secret.as_ref().and_then(crate::secrets::token_of) else { return Ok(None) };
-        if let Ok(mut m) = self.by_uid.lock() {
-            m.insert(uid, token.clone());
-        }
+        self.remember(job.uid, &token);
         Ok(Some(token))
     }
 
-    /// Remembers the token of `job` (the operator just created its Secret).
-    pub fn remember(&self, job: &TrainingJob, token: &str) {
+    /// Remembers the token of the job with `uid` (the operator just created its Secret).
+    pub fn remember(&self, uid: &str, token: &str) {
         if let Ok(mut m) = self.by_uid.lock() {
-            m.insert(job.uid().unwrap_or_default(), token.to_owned());
+            m.insert(uid.to_owned(), token.to_owned());
         }
     }
 
@@ -178,10 +175,10 @@ impl Tokens {
         self.by_uid.lock().map(|m| m.keys().cloned().collect()).unwrap_or_default()
     }
 
-    /// Forgets the token of `job` (after it was refused, or when the job is gone).
-    pub fn forget(&self, job: &TrainingJob) {
+    /// Forgets the token of the job with `uid` (after it was refused, or when the job is gone).
+    pub fn forget(&self, uid: &str) {
         if let Ok(mut m) = self.by_uid.lock() {
-            m.remove(&job.uid().unwrap_or_default());
+            m.remove(uid);
         }
     }
 }

@@ -113,9 +113,10 @@ mod tests {
         let job: tandem_api::TrainingJob = serde_json::from_value(serde_json::json!({
             "apiVersion": "tandem.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": "j", "namespace": "n", "uid": "u"},
-            "spec": {"training": {"algorithm": "hybrid", "steps": 10}}
+            "spec": {"training": {"algorithm": "hybrid", "steps": 10}, "parameterServers": {"replicas": 1}}
         }))
         .unwrap();
+        let job = crate::validate::validate(&job).unwrap();
         let secret = crate::builder::token_secret(&job, "abc123");
         assert_eq!(token_of(&secret).as_deref(), Some("abc123"));
         assert_eq!(token_of(&Secret::default()), None);

@@ -1,12 +1,15 @@
-//! Validation: the checks a TrainingJob must pass before the operator builds anything for it.
+//! Validation: the checks a TrainingJob must pass before the operator builds anything for it, and
+//! the [`ValidatedJob`] that the rest of a reconcile reads instead of the raw object.
 //!
 //! Guarantees: validation never touches the API server and never panics; every rejection says
 //! which field is wrong and what to change. It repeats the CRD's CEL rules (so an API server
 //! without them, or an old CRD, cannot slip a bad spec through) and adds what CEL cannot see:
-//! the lengths of the names derived from the job's name.
+//! the lengths of the names derived from the job's name, and the server-set metadata (namespace,
+//! uid) that owner references need.
 
-use kube::ResourceExt;
-use tandem_api::{Role, TrainingJob};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use tandem_api::{Role, TrainingJob, TrainingJobSpec};
 
 use crate::names;
 
@@ -29,22 +32,56 @@ pub enum ValidationError {
         /// What is wrong with it.
         why: String,
     },
-    /// The object lacks server-set metadata (namespace, uid) that owner references need.
+    /// The object lacks server-set metadata (name, namespace, uid) that owner references need.
     #[error("TrainingJob {0} has no {1}: it must come from the API server")]
     Metadata(String, &'static str),
 }
 
-/// Checks `job`; `Ok` means [`crate::builder`] can build every child.
-pub fn validate(job: &TrainingJob) -> Result<(), ValidationError> {
-    let name = job.name_any();
-    if job.namespace().is_none() {
-        return Err(ValidationError::Metadata(name, "namespace"));
+/// A job that passed [`validate`]: the single input of the builders, the plan and the controller's
+/// writes, which need not reach into the raw object's optional metadata again.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidatedJob<'a> {
+    /// `metadata.name`: a DNS-1035 label short enough for every derived name.
+    pub name: &'a str,
+    /// `metadata.namespace`.
+    pub namespace: &'a str,
+    /// `metadata.uid`.
+    pub uid: &'a str,
+    /// The spec, defaults applied, its cross-field rules checked.
+    pub spec: &'a TrainingJobSpec,
+    /// The object as read: its status, generation and creation time, and the reference Events name.
+    pub job: &'a TrainingJob,
+}
+
+impl ValidatedJob<'_> {
+    /// `metadata.generation`.
+    pub fn generation(&self) -> Option<i64> {
+        self.job.metadata.generation
     }
-    if job.uid().is_none() {
-        return Err(ValidationError::Metadata(name, "uid"));
+
+    /// The controller owner reference every child carries, so that deleting the job deletes it.
+    pub fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: TrainingJob::api_version(&()).into_owned(),
+            kind: TrainingJob::kind(&()).into_owned(),
+            name: self.name.to_owned(),
+            uid: self.uid.to_owned(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }
     }
+}
+
+/// Checks `job`; the [`ValidatedJob`] it returns can build every child.
+pub fn validate(job: &TrainingJob) -> Result<ValidatedJob<'_>, ValidationError> {
+    let meta = &job.metadata;
+    let missing = |what| ValidationError::Metadata(meta.name.clone().unwrap_or_default(), what);
+    let name = meta.name.as_deref().ok_or_else(|| missing("name"))?;
+    let namespace = meta.namespace.as_deref().ok_or_else(|| missing("namespace"))?;
+    let uid = meta.uid.as_deref().ok_or_else(|| missing("uid"))?;
     job.spec.validate().map_err(|e| ValidationError::Spec(e.0))?;
-    validate_name(&name, job.spec.workers.max_groups, job.spec.workers.group_size)
+    validate_name(name, job.spec.workers.max_groups, job.spec.workers.group_size)?;
+    Ok(ValidatedJob { name, namespace, uid, spec: &job.spec, job })
 }
 
 /// The job name is the headless Service's name (a DNS-1035 label) and prefixes every pod's
@@ -92,5 +129,21 @@ mod tests {
         for name in ["1abc", "Abc", "ab_c", "abc-"] {
             assert!(validate_name(name, 1, 1).is_err(), "{name}");
         }
+    }
+
+    #[test]
+    fn a_job_without_server_set_metadata_is_refused_naming_what_is_missing() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hybrid.yaml");
+        let mut job: TrainingJob = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert!(validate(&job).is_ok());
+        job.metadata.name = Some("mnist".to_owned());
+        job.metadata.namespace = None;
+        assert_eq!(validate(&job).unwrap_err(), ValidationError::Metadata("mnist".to_owned(), "namespace"));
+        job.metadata.namespace = Some("ns".to_owned());
+        job.metadata.uid = None;
+        assert_eq!(validate(&job).unwrap_err(), ValidationError::Metadata("mnist".to_owned(), "uid"));
+        job.metadata.uid = Some("u-1".to_owned());
+        job.metadata.name = None;
+        assert_eq!(validate(&job).unwrap_err(), ValidationError::Metadata(String::new(), "name"));
     }
 }

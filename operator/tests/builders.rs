@@ -10,12 +10,18 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
 use tandem_api::contract::{self, env};
 use tandem_api::{JobConfig, LaunchEnv, Role, TrainingJob};
+use tandem_operator::validate::ValidatedJob;
 use tandem_operator::{builder, names, validate};
 
 fn fixture(name: &str) -> TrainingJob {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `job` validated, as the controller hands it to the builders.
+fn valid(job: &TrainingJob) -> ValidatedJob<'_> {
+    validate::validate(job).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn main_container(pod: &Pod) -> &Container {
@@ -41,7 +47,7 @@ fn fixtures_pass_validation_except_the_invalid_one() {
 fn pods_carry_the_launch_contract_that_the_trainer_reads_back() {
     let job = fixture("hybrid.yaml");
     for (role, attempt) in [(Role::Ps { index: 1 }, 0), (Role::Worker { group: 1, rank: 0 }, 2)] {
-        let pod = builder::pod(&job, role, attempt);
+        let pod = builder::pod(&valid(&job), role, attempt);
         assert_eq!(pod.name_any(), names::pod("mnist-hybrid", role));
         assert_eq!(pod.namespace().as_deref(), Some("research"));
         let c = main_container(&pod);
@@ -78,7 +84,7 @@ fn pods_carry_the_launch_contract_that_the_trainer_reads_back() {
 #[test]
 fn job_config_lists_every_ps_and_group_by_dns_name() {
     let job = fixture("hybrid.yaml");
-    let cm = builder::config_map(&job);
+    let cm = builder::config_map(&valid(&job));
     assert_eq!(cm.name_any(), "mnist-hybrid-config");
     let config = JobConfig::from_json(&cm.data.unwrap()[contract::CONFIG_FILE]).unwrap();
     assert_eq!(config.job_name, "mnist-hybrid");
@@ -94,7 +100,7 @@ fn job_config_lists_every_ps_and_group_by_dns_name() {
 
 #[test]
 fn service_is_headless_and_publishes_unready_pods() {
-    let svc = builder::service(&fixture("mpi.yaml"));
+    let svc = builder::service(&valid(&fixture("mpi.yaml")));
     let spec = svc.spec.unwrap();
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
     assert_eq!(spec.publish_not_ready_addresses, Some(true));
@@ -106,13 +112,13 @@ fn service_is_headless_and_publishes_unready_pods() {
 #[test]
 fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     let job = fixture("mpi.yaml");
-    let hostfile = builder::hostfile(&job, 1);
+    let hostfile = builder::hostfile(&valid(&job), 1);
     assert_eq!(hostfile.name_any(), "bert-g1-hostfile");
     assert_eq!(
         hostfile.data.unwrap()["hostfile"],
         "bert-g1-0.bert.nlp.svc slots=1\nbert-g1-1.bert.nlp.svc slots=1\nbert-g1-2.bert.nlp.svc slots=1\n"
     );
-    let worker = builder::pod(&job, Role::Worker { group: 1, rank: 2 }, 0);
+    let worker = builder::pod(&valid(&job), Role::Worker { group: 1, rank: 2 }, 0);
     let c = main_container(&worker);
     assert_eq!(c.command.as_deref().unwrap(), ["tandem-sshd", "-p", "2222"]);
     let worker_ssh = worker.spec.as_ref().unwrap().volumes.as_ref().unwrap();
@@ -135,7 +141,7 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     );
     let probe = c.readiness_probe.as_ref().unwrap().tcp_socket.as_ref().unwrap();
     assert_eq!(probe.port, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2222));
-    let launcher = builder::pod(&job, Role::Launcher { group: 1 }, 0);
+    let launcher = builder::pod(&valid(&job), Role::Launcher { group: 1 }, 0);
     let lc = main_container(&launcher);
     assert_eq!(lc.command.as_deref(), Some(&["tandem".to_owned(), "launcher".to_owned()][..]));
     let vars = env_map(lc);
@@ -164,7 +170,7 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     }
     // So does every other pod, for the root-owned 0400 token (a real kubelet showed a PS as uid 1000
     // failing to read it without an fsGroup).
-    let ps = builder::pod(&job, Role::Ps { index: 0 }, 0);
+    let ps = builder::pod(&valid(&job), Role::Ps { index: 0 }, 0);
     assert_eq!(
         ps.spec.as_ref().unwrap().security_context.as_ref().unwrap().fs_group,
         Some(builder::TRAINER_FS_GROUP)
@@ -173,7 +179,7 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     custom.spec.workers.template = Some(
         serde_json::from_value(serde_json::json!({"spec": {"securityContext": {"fsGroup": 2000}}})).unwrap(),
     );
-    let pod = builder::pod(&custom, Role::Launcher { group: 1 }, 0);
+    let pod = builder::pod(&valid(&custom), Role::Launcher { group: 1 }, 0);
     assert_eq!(
         pod.spec.unwrap().security_context.unwrap().fs_group,
         Some(2000),
@@ -184,7 +190,7 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
 #[test]
 fn infiniband_preset_requests_the_configured_device_and_pins_memory() {
     let job = fixture("mpi.yaml");
-    let worker = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 0);
+    let worker = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 0 }, 0);
     let c = main_container(&worker);
     let resources = c.resources.as_ref().unwrap();
     assert_eq!(resources.limits.as_ref().unwrap()["rdma/ib"].0, "2");
@@ -195,19 +201,19 @@ fn infiniband_preset_requests_the_configured_device_and_pins_memory() {
     assert_eq!(env_map(c)["OMPI_MCA_pml"], "ucx");
     assert!(c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/dev/shm"));
     // PS pods are plain TCP.
-    let ps = builder::pod(&job, Role::Ps { index: 0 }, 0);
+    let ps = builder::pod(&valid(&job), Role::Ps { index: 0 }, 0);
     assert!(main_container(&ps).security_context.is_none());
 }
 
 #[test]
 fn gang_scheduling_builds_a_volcano_pod_group_without_launchers() {
     let job = fixture("mpi.yaml");
-    let pg = builder::pod_group(&job);
+    let pg = builder::pod_group(&valid(&job));
     assert_eq!(pg.types.as_ref().unwrap().api_version, "scheduling.volcano.sh/v1beta1");
     assert_eq!(pg.data["spec"]["minMember"], 7, "1 PS + 2 groups x 3 ranks, launchers excluded");
     assert_eq!(pg.data["spec"]["queue"], "research");
     assert_eq!(pg.data["spec"]["priorityClassName"], "high");
-    let worker = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 0);
+    let worker = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 0 }, 0);
     assert_eq!(worker.annotations()[builder::VOLCANO_GROUP_ANNOTATION], "bert");
     let spec = worker.spec.unwrap();
     assert_eq!(spec.scheduler_name.as_deref(), Some("volcano"));
@@ -217,7 +223,7 @@ fn gang_scheduling_builds_a_volcano_pod_group_without_launchers() {
 #[test]
 fn user_template_is_kept_under_the_operator_settings() {
     let job = fixture("efa-template.yaml");
-    let pod = builder::pod(&job, Role::Worker { group: 0, rank: 1 }, 0);
+    let pod = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 1 }, 0);
     assert_eq!(pod.labels()["team"], "vision");
     assert_eq!(pod.annotations()["sidecar.istio.io/inject"], "false");
     assert_eq!(pod.labels()[builder::SCHEDULER_PLUGINS_GROUP_LABEL], "resnet");
@@ -241,7 +247,7 @@ fn user_template_is_kept_under_the_operator_settings() {
     let output = volumes.iter().find(|v| v.name == "tandem-output").unwrap();
     assert_eq!(output.persistent_volume_claim.as_ref().unwrap().claim_name, "ckpt");
     assert!(c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/data"));
-    let pg = builder::pod_group(&job);
+    let pg = builder::pod_group(&valid(&job));
     assert_eq!(pg.types.as_ref().unwrap().api_version, "scheduling.x-k8s.io/v1alpha1");
     assert_eq!(pg.data["spec"]["minMember"], 2);
 }
@@ -249,8 +255,8 @@ fn user_template_is_kept_under_the_operator_settings() {
 #[test]
 fn the_same_job_always_builds_the_same_objects() {
     let job = fixture("mpi.yaml");
-    let a = serde_json::to_string(&builder::pod(&job, Role::Launcher { group: 0 }, 1)).unwrap();
-    let b = serde_json::to_string(&builder::pod(&job, Role::Launcher { group: 0 }, 1)).unwrap();
+    let a = serde_json::to_string(&builder::pod(&valid(&job), Role::Launcher { group: 0 }, 1)).unwrap();
+    let b = serde_json::to_string(&builder::pod(&valid(&job), Role::Launcher { group: 0 }, 1)).unwrap();
     assert_eq!(a, b);
-    assert_eq!(builder::config_map(&job), builder::config_map(&job));
+    assert_eq!(builder::config_map(&valid(&job)), builder::config_map(&valid(&job)));
 }

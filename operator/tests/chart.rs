@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use tandem_api::{JobPhase, TrainingJob};
 use tandem_operator::leader::{Attempt, LeaderElector};
 use tandem_operator::metrics::Metrics;
-use tandem_operator::{Context, Prepared, Scope, Settings, names};
+use tandem_operator::{Context, JobController, Scope, Settings, names};
 use tandem_testkit::{TestCluster, parse_manifests};
 use tokio::sync::watch;
 
@@ -153,7 +153,7 @@ async fn helm_install_and_the_operator_as_its_service_account() {
         Some("chart-test".to_owned()),
     ));
     let (stop, rx) = watch::channel(false);
-    let prepared = Prepared::new(ctx, &Scope { namespace: Some(jobs_ns.name().to_owned()) });
+    let prepared = JobController::new(ctx, &Scope { namespace: Some(jobs_ns.name().to_owned()) });
     let operator = tokio::spawn(prepared.run(async move {
         let mut rx = rx;
         let _ = rx.wait_for(|s| *s).await;

@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tandem_api::{JobConfig, JobPhase, TrainingJob};
 use tandem_operator::metrics::Metrics;
-use tandem_operator::{Context, Prepared, Scope, Settings, names};
+use tandem_operator::{Context, JobController, Scope, Settings, names};
 use tandem_testkit::{TestCluster, TestNamespace, parse_manifests};
 use tokio::sync::watch;
 
@@ -76,7 +76,7 @@ impl Harness {
         ctx.prune_every = Duration::from_secs(1);
         let ctx = Arc::new(ctx);
         let (stop, rx) = watch::channel(false);
-        let prepared = Prepared::new(ctx.clone(), &Scope { namespace: Some(ns.name().to_owned()) });
+        let prepared = JobController::new(ctx.clone(), &Scope { namespace: Some(ns.name().to_owned()) });
         let operator = tokio::spawn(prepared.run(async move {
             let mut rx = rx;
             let _ = rx.wait_for(|s| *s).await;

@@ -13,13 +13,20 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+use tandem_api::policy::{self, Failure, FailureKind, Relaunch, Unit, Verdict};
 use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
 use tandem_operator::plan::{Observed, Plan, Settings, decide};
+use tandem_operator::validate::{ValidatedJob, validate};
 use tandem_operator::{builder, names};
 
 fn fixture(name: &str) -> TrainingJob {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `job` validated, as the controller hands it to the plan and the builders.
+fn valid(job: &TrainingJob) -> ValidatedJob<'_> {
+    validate(job).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn t0() -> Timestamp {
@@ -31,7 +38,7 @@ fn at(seconds: i64) -> Timestamp {
 }
 
 fn pod(job: &TrainingJob, role: Role, attempt: u32, phase: &str, ready: bool) -> Pod {
-    let mut pod = builder::pod(job, role, attempt);
+    let mut pod = builder::pod(&valid(job), role, attempt);
     pod.status = Some(PodStatus {
         phase: Some(phase.to_owned()),
         conditions: Some(vec![PodCondition {
@@ -79,7 +86,7 @@ fn all_running(job: &TrainingJob) -> Vec<Pod> {
 }
 
 fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
-    decide(job, &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
+    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
 }
 
 /// Applies a plan to the job and the pod list, like the controller and API server would.
@@ -188,7 +195,7 @@ fn a_signal_killed_worker_restarts_its_group_only_after_the_backoff() {
         back.create,
         vec![(Role::Worker { group: 0, rank: 0 }, 1), (Role::Worker { group: 0, rank: 1 }, 1)]
     );
-    let recreated = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 1);
+    let recreated = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 0 }, 1);
     let env = &recreated.spec.unwrap().containers[0].env.clone().unwrap();
     assert!(env.iter().any(|e| e.name == "TANDEM_ATTEMPT" && e.value.as_deref() == Some("1")));
     apply(&mut job, &mut pods, &back);
@@ -237,6 +244,24 @@ fn a_permanent_exit_code_fails_the_job_naming_pod_and_code() {
     assert_eq!(plan.delete.len(), 5);
     assert!(plan.create.is_empty());
     assert!(!plan.ensure_children);
+}
+
+#[test]
+fn a_killed_rank_outweighs_its_peers_exit_seen_in_the_same_look() {
+    // Rank 1 was killed (137); rank 0 lost its peer and exited 1, and both failures are seen at once.
+    // The group restarts, as the local runner decides: the peer's exit is collateral. It did not
+    // matter which pod's name sorts first.
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    pods[2] = exited(pods[2].clone(), 1); // mnist-hybrid-g0-0
+    pods[3] = exited(pods[3].clone(), 137); // mnist-hybrid-g0-1
+    let plan = run(&job, &pods, at(10));
+    assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
+    assert_eq!(plan.status.restarts, 1, "one restart for the group, not one per pod");
+    let c = condition(&plan, "Restarting");
+    assert!(c.message.contains("pod mnist-hybrid-g0-1 exited with code 137"), "{}", c.message);
+    assert_eq!(plan.restarted, vec![Role::Worker { group: 0, rank: 1 }]);
 }
 
 #[test]
@@ -407,18 +432,22 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     pods[2].metadata.deletion_timestamp = Some(Time(at(30)));
     let lost = BTreeSet::from(["node-a".to_owned()]);
     let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
-    let early = decide(&job, &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
+    let early = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
     assert!(early.force_delete.is_empty());
     // The deleted pod is a disruption: its group restarts (the other rank goes now).
     assert_eq!(early.status.phase, Some(JobPhase::Restarting));
     assert!(condition(&early, "Restarting").message.contains("was deleted"));
     assert_eq!(early.delete, vec!["mnist-hybrid-g0-1".to_owned()]);
     job.status = Some(early.status.clone());
-    let late = decide(&job, &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
+    let late = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
     assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
     assert_eq!(late.status.restarts, 1);
     // A node that is fine gets no force deletion.
-    let fine = decide(&job, &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) }, &settings);
+    let fine = decide(
+        &valid(&job),
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) },
+        &settings,
+    );
     assert!(fine.force_delete.is_empty());
 }
 
@@ -458,8 +487,18 @@ fn a_ps_restarted_in_place_keeps_its_pod_and_is_counted_once() {
     assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
     let record = plan.status.attempts.iter().find(|a| a.unit == "ps-0").unwrap();
     assert_eq!((record.attempt, record.container_restarts), (0, Some(1)));
+    // The event is the run policy's verdict on the container's last exit, counted in place.
+    let cause = Failure {
+        who: "pod mnist-hybrid-ps-0".to_owned(),
+        role: Role::Ps { index: 0 },
+        kind: FailureKind::Exit(137),
+    };
+    let Verdict::Restart { message, .. } = policy::judge_in_place(&job.spec, &cause, 0, 1, 0) else {
+        panic!("137 is retryable")
+    };
     let event = plan.events.iter().find(|e| e.warning).unwrap();
-    assert!(event.message.contains("in place") && event.message.contains("if it wrote one"), "{event:?}");
+    assert_eq!(event.message, message);
+    assert_eq!(condition(&plan, "Restarting").message, message);
     assert_eq!(plan.restarted, vec![Role::Ps { index: 0 }]);
     // The next reconcile sees the same restart count: nothing more is counted.
     apply(&mut job, &mut pods, &plan);
@@ -507,7 +546,19 @@ fn a_lost_ps_pod_is_recreated_and_its_event_claims_no_resume() {
     status.reason = Some("Evicted".to_owned());
     let plan = run(&job, &pods, t0());
     assert!(plan.delete.contains(&"mnist-hybrid-ps-0".to_owned()), "{plan:?}");
+    // A new pod: the policy's NewPod verdict, which says it starts from its initial weights.
+    let cause = Failure {
+        who: "pod mnist-hybrid-ps-0".to_owned(),
+        role: Role::Ps { index: 0 },
+        kind: FailureKind::Evicted,
+    };
+    let Verdict::Restart { message, .. } =
+        policy::judge(&job.spec, Relaunch::NewPod, Unit::Ps(0), &cause, 0, 0)
+    else {
+        panic!("an eviction is retryable")
+    };
     let event = plan.events.iter().find(|e| e.warning).unwrap();
+    assert_eq!(event.message, message);
     assert!(event.message.contains("initial weights") && !event.message.contains("resumes"), "{event:?}");
     // With a claim, the checkpoints survive the pod: the event says it resumes from them.
     let mut claimed = job.clone();

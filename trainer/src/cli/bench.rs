@@ -2,7 +2,6 @@
 //! soak or benchmark (started by `tandem bench allreduce`, by tests, or by mpirun).
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -323,7 +322,7 @@ impl TcpRanks {
     /// Starts `ranks` ranks; with `hosts > 0`, consecutive ranks are told they share one of `hosts`
     /// simulated hosts.
     fn start(exe: &Path, ranks: usize, hosts: usize, tuning: &Tuning, mode: &[&str]) -> anyhow::Result<Self> {
-        let ports = free_ports(ranks)?;
+        let ports = tandem::util::proc::free_ports(ranks).context("no free port on 127.0.0.1")?;
         let peers = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
         let token_file = std::env::temp_dir().join(format!("tandem-bench-{}.token", std::process::id()));
         let token = format!("{:x}{:x}", std::process::id(), ports[0]);
@@ -378,13 +377,6 @@ impl Drop for TcpRanks {
         }
         let _ = std::fs::remove_file(&self.token_file);
     }
-}
-
-/// `n` distinct ports that were free a moment ago on loopback.
-pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> =
-        (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().context("no free port")?;
-    Ok(listeners.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect())
 }
 
 /// Arguments of the hidden `tandem comm-rank`.

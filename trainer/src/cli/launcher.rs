@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, bail};
-use tandem::runner::policy::Exit;
+use tandem::util::proc::{Exit, die_with_parent};
 use tandem_api::contract::{Role, env};
 
 /// OpenMPI's hostfile variables (ORTE for OpenMPI 4, PRRTE for 5); the operator sets both.
@@ -115,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cmd.arg(&exe).arg("worker").args(&args.worker_args);
 
     // mpirun is stopped should the launcher die without passing a signal on.
-    tandem::runner::die_with_parent(&mut cmd, libc::SIGTERM);
+    die_with_parent(&mut cmd, libc::SIGTERM);
     tracing::info!(group, ranks = size, "starting {:?}", cmd);
     let mut child = match cmd.spawn() {
         Ok(child) => child,

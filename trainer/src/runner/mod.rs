@@ -1,34 +1,34 @@
 //! The local runner: `tandem train -f job.yaml` for jobs of more than one process. It starts every
 //! parameter-server replica and every worker group as processes on this machine, through the same
-//! launch contract the operator uses, merges their progress, and restarts failed ones as the
-//! operator would.
+//! launch contract the operator uses, merges their progress, and restarts failed ones by the same
+//! run policy as the operator.
 //!
 //! Expected flow: [`run`] writes `job.json` (a [`JobConfig`] with 127.0.0.1 endpoints on free
-//! ports) and a random token file into the output folder, spawns `tandem ps` for each replica and
-//! `tandem worker` for each rank (`tandem launcher`, which runs `mpirun -np <groupSize> tandem
-//! worker`, per group with `backend: mpi`) with [`LaunchEnv::to_vars`], reads the workers' progress lines
-//! ([`progress`]), applies the job's runPolicy through [`policy::Supervisor`], and once every
-//! group has finished pulls the PS weights as an observer and evaluates them on the test set.
+//! ports) and a random token file into the output folder, then drives the [`state::Supervisor`]:
+//! it spawns what the supervisor asks for — `tandem ps` for each replica and `tandem worker` for
+//! each rank (`tandem launcher`, which runs `mpirun -np <groupSize> tandem worker`, per group with
+//! `backend: mpi`) with [`LaunchEnv::to_vars`] — and feeds it the children's progress lines
+//! ([`progress`]), their exits and the passing time, until it says the job is over. Once every
+//! group has finished it pulls the PS weights as an observer and evaluates them on the test set.
 //!
 //! Guarantees: every child runs in its own process group and is killed with it when the runner
 //! returns — finished, failed, interrupted (SIGINT/SIGTERM) or by error — and on Linux the kernel
-//! kills it should the runner itself be killed, so no process outlives the runner. A failed worker restarts its group only; a failed PS restarts from its checkpoint.
-//! Children's stderr goes to `<output>/logs/<role>.<attempt>.log`, named in failure messages.
+//! kills it should the runner itself be killed, so no process outlives the runner. Every decision
+//! (which unit restarts, when, what fails the job) is the supervisor's; this module only does the
+//! I/O. Children's stderr goes to `<output>/logs/<role>.<attempt>.log`, named in failure messages.
 //!
-//! Caveats: `tandem worker` does not reconnect to a restarted PS, so a PS restart also relaunches
-//! every unfinished group (a new attempt each, not counted towards `maxRestarts`). A restarted
-//! group resumes from the PS weights and continues its step count from the PS
-//! ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank 0's
-//! newest checkpoint in `<output>/checkpoints/`, which a run without `--resume` clears first. Free
-//! ports are found by binding port 0 and releasing it, so another program could take one in
+//! Caveats: a restarted group resumes from the PS weights and continues its step count from the
+//! PS ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank
+//! 0's newest checkpoint in `<output>/checkpoints/`, which a run without `--resume` clears first.
+//! Free ports are found by binding port 0 and releasing it, so another program could take one in
 //! between.
 
 pub mod chaos;
 pub mod display;
-pub mod policy;
 pub mod progress;
+pub mod state;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,18 +37,15 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
-use tandem_api::contract::{self, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
-use tandem_api::{Backend, TrainingJobSpec};
+use tandem_api::TrainingJobSpec;
+use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
 
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::train::Trainer;
+use crate::util::proc::{Exit, die_with_parent, free_ports};
 use chaos::Chaos;
-use policy::{Decision, Exit, Failure, Supervisor, Unit};
-use progress::{Line, Merged};
+use state::{Input, Outcome, ProcId, Supervisor};
 
-/// How long the other processes of a failing unit get to end on their own before the unit's
-/// failure is judged (so that a killed rank, not its peers' broken connections, is the cause).
-const SETTLE: Duration = Duration::from_secs(3);
 /// How long children get between SIGTERM and SIGKILL when the runner stops them.
 const GRACE: Duration = Duration::from_secs(15);
 
@@ -184,18 +181,12 @@ pub fn needs_runner(spec: &TrainingJobSpec) -> bool {
 
 /// One child process of the job.
 struct Proc {
-    id: u64,
     role: Role,
-    attempt: u32,
     child: Child,
-    log: PathBuf,
     exit: Option<Exit>,
 }
 
 impl Proc {
-    fn unit(&self) -> Unit {
-        Unit::of(self.role)
-    }
     /// Sends `signal` to the child's process group (mpirun and its ranks together).
     fn signal(&self, signal: i32) {
         if self.exit.is_some() {
@@ -207,47 +198,101 @@ impl Proc {
     }
 }
 
-/// Every live child; dropping it kills them all, so that no error path leaves orphans.
-struct Procs {
-    list: Vec<Proc>,
-    next_id: u64,
+/// The job's children by the supervisor's ids, and what carries out its commands; dropping it
+/// kills every child, so that no error path leaves orphans.
+struct Procs<'a> {
+    spawner: Spawner<'a>,
+    live: BTreeMap<ProcId, Proc>,
+    /// The log of every process ever started, for failure messages.
+    logs: BTreeMap<ProcId, PathBuf>,
 }
 
-impl Procs {
-    fn kill_where(&mut self, keep: impl Fn(&Proc) -> bool) {
-        for p in self.list.iter_mut().filter(|p| !keep(p)) {
+impl Procs<'_> {
+    /// Carries out one of the supervisor's commands; the outcome once it says the job is over.
+    fn execute(
+        &mut self,
+        command: state::Command,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Option<Outcome>, RunnerError> {
+        match command {
+            state::Command::Spawn { id, role, attempt } => {
+                let (child, log) = self.spawner.spawn(id, role, attempt)?;
+                self.live.insert(id, Proc { role, child, exit: None });
+                self.logs.insert(id, log);
+            }
+            state::Command::Kill { id } => {
+                if let Some(mut p) = self.live.remove(&id) {
+                    p.signal(libc::SIGKILL);
+                    let _ = p.child.wait();
+                }
+            }
+            state::Command::Chaos { id } => {
+                if let Some(p) = self.live.get(&id).filter(|p| p.exit.is_none()) {
+                    let pid = p.child.id() as libc::pid_t;
+                    let target = if matches!(p.role, Role::Launcher { .. }) { -pid } else { pid };
+                    // SAFETY: kill(2) touches no memory. An mpirun launcher is killed with its ranks.
+                    unsafe { libc::kill(target, libc::SIGKILL) };
+                }
+            }
+            state::Command::Emit(event) => on_event(&event),
+            state::Command::Finish(outcome) => return Ok(Some(outcome)),
+        }
+        Ok(None)
+    }
+
+    /// The children that ended since the last look.
+    fn exits(&mut self) -> Result<Vec<Input>, RunnerError> {
+        let mut exits = Vec::new();
+        for (&id, p) in self.live.iter_mut().filter(|(_, p)| p.exit.is_none()) {
+            if let Some(status) = p.child.try_wait().map_err(io(format!("waiting for {}", p.role)))? {
+                let exit = Exit::from_status(status);
+                p.exit = Some(exit);
+                exits.push(Input::Exited { id, exit });
+            }
+        }
+        Ok(exits)
+    }
+
+    /// The last lines of the logs of `ids`, one block each.
+    fn log_tails(&self, ids: &[ProcId]) -> String {
+        ids.iter().filter_map(|id| self.logs.get(id)).map(|log| log_tail(log)).collect::<Vec<_>>().join("\n")
+    }
+
+    fn kill_all(&mut self) {
+        for p in self.live.values_mut() {
             p.signal(libc::SIGKILL);
             let _ = p.child.wait();
         }
-        self.list.retain(|p| keep(p));
+        self.live.clear();
     }
 
     /// SIGTERM to every child, SIGKILL to those still alive after [`GRACE`].
     fn stop_all(&mut self) {
-        for p in &self.list {
+        for p in self.live.values() {
             p.signal(libc::SIGTERM);
         }
         let deadline = Instant::now() + GRACE;
         while Instant::now() < deadline {
-            let alive = self.list.iter_mut().filter(|p| p.exit.is_none()).any(|p| match p.child.try_wait() {
-                Ok(Some(status)) => {
-                    p.exit = Some(Exit::from_status(status));
-                    false
-                }
-                _ => true,
-            });
+            let alive =
+                self.live.values_mut().filter(|p| p.exit.is_none()).any(|p| match p.child.try_wait() {
+                    Ok(Some(status)) => {
+                        p.exit = Some(Exit::from_status(status));
+                        false
+                    }
+                    _ => true,
+                });
             if !alive {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.kill_where(|_| false);
+        self.kill_all();
     }
 }
 
-impl Drop for Procs {
+impl Drop for Procs<'_> {
     fn drop(&mut self) {
-        self.kill_where(|_| false);
+        self.kill_all();
     }
 }
 
@@ -261,15 +306,6 @@ fn install_signal_handlers() {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(signal, handler) };
     }
-}
-
-/// `n` free loopback ports, all held at once so that they differ.
-fn free_ports(n: usize) -> Result<Vec<u16>, RunnerError> {
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(io("finding free ports on 127.0.0.1"))?;
-    listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(io("reading a bound port"))).collect()
 }
 
 fn random_token() -> Result<String, RunnerError> {
@@ -296,22 +332,18 @@ fn write_private(path: &Path, text: &str) -> Result<(), RunnerError> {
 
 /// The job's config with free loopback ports for every PS and rank.
 pub fn local_config(job_name: &str, spec: &TrainingJobSpec) -> Result<JobConfig, RunnerError> {
-    let ps = spec.parameter_servers.replicas as usize;
-    let (groups, size) = (spec.workers.groups as usize, spec.workers.group_size as usize);
-    let ports = free_ports(ps + groups * size)?;
-    let endpoint = |i: usize| Endpoint::new("127.0.0.1", ports[i]);
-    Ok(JobConfig {
-        job_name: job_name.to_owned(),
-        namespace: "local".to_owned(),
-        spec: spec.clone(),
-        parameter_servers: (0..ps).map(endpoint).collect(),
-        groups: (0..groups)
-            .map(|g| GroupTopology {
-                index: g as u32,
-                peers: (0..size).map(|r| endpoint(ps + g * size + r)).collect(),
-            })
-            .collect(),
-    })
+    let ps = spec.parameter_servers.replicas;
+    let size = spec.workers.group_size;
+    let ports = free_ports((ps + spec.workers.groups * size) as usize)
+        .map_err(io("finding free ports on 127.0.0.1"))?;
+    Ok(JobConfig::of_spec(job_name, "local", spec, |role| {
+        let slot = match role {
+            Role::Ps { index } => index,
+            Role::Worker { group, rank } => ps + group * size + rank,
+            Role::Launcher { group } => ps + group * size,
+        };
+        Endpoint::new("127.0.0.1", ports[slot as usize])
+    }))
 }
 
 /// Last lines of a child's log, for failure messages.
@@ -326,15 +358,16 @@ fn log_tail(path: &Path) -> String {
     }
 }
 
-struct Launcher<'a> {
+/// Starts the job's processes through the launch contract.
+struct Spawner<'a> {
     opts: &'a Options,
     config_path: PathBuf,
     token_path: PathBuf,
     logs: PathBuf,
-    lines: mpsc::Sender<(u64, String)>,
+    lines: mpsc::Sender<(ProcId, String)>,
 }
 
-impl Launcher<'_> {
+impl Spawner<'_> {
     fn env(&self, role: Role, attempt: u32) -> LaunchEnv {
         LaunchEnv {
             role,
@@ -346,7 +379,8 @@ impl Launcher<'_> {
         }
     }
 
-    fn spawn(&self, procs: &mut Procs, role: Role, attempt: u32) -> Result<(), RunnerError> {
+    /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`.
+    fn spawn(&self, id: ProcId, role: Role, attempt: u32) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
         let mut cmd = match role {
             Role::Ps { .. } => {
@@ -389,8 +423,6 @@ impl Launcher<'_> {
             "starting {role} ({}); is it installed and executable?",
             cmd.get_program().to_string_lossy()
         )))?;
-        let id = procs.next_id;
-        procs.next_id += 1;
         if let Some(stdout) = child.stdout.take() {
             let tx = self.lines.clone();
             std::thread::spawn(move || {
@@ -402,331 +434,178 @@ impl Launcher<'_> {
                 }
             });
         }
-        procs.list.push(Proc { id, role, attempt, child, log, exit: None });
-        Ok(())
-    }
-
-    fn spawn_unit(&self, procs: &mut Procs, unit: Unit, attempt: u32) -> Result<(), RunnerError> {
-        match unit {
-            Unit::Ps(index) => self.spawn(procs, Role::Ps { index }, attempt),
-            Unit::Group(group) if self.opts.spec.workers.backend == Backend::Mpi => {
-                self.spawn(procs, Role::Launcher { group }, attempt)
-            }
-            Unit::Group(group) => {
-                for rank in 0..self.opts.spec.workers.group_size {
-                    self.spawn(procs, Role::Worker { group, rank }, attempt)?;
-                }
-                Ok(())
-            }
-        }
+        Ok((child, log))
     }
 }
 
 /// Checks that every chaos target exists in the job.
 pub fn check_chaos(spec: &TrainingJobSpec, chaos: &[Chaos]) -> Result<(), RunnerError> {
-    for c in chaos {
-        let ok = match c.target {
-            Role::Ps { index } => index < spec.parameter_servers.replicas,
-            Role::Worker { group, rank } => group < spec.workers.groups && rank < spec.workers.group_size,
-            Role::Launcher { group } => group < spec.workers.groups,
-        };
-        if !ok {
-            return Err(RunnerError::Config(format!(
-                "--chaos {c}: the job has {} parameter server(s) and {} group(s) of {} rank(s); \
-                 name one of them",
-                spec.parameter_servers.replicas, spec.workers.groups, spec.workers.group_size
-            )));
-        }
+    match chaos.iter().find(|c| !c.target.in_spec(spec)) {
+        None => Ok(()),
+        Some(c) => Err(RunnerError::Config(format!(
+            "--chaos {c}: the job has {} parameter server(s) and {} group(s) of {} rank(s); name one of them",
+            spec.parameter_servers.replicas, spec.workers.groups, spec.workers.group_size
+        ))),
     }
-    Ok(())
-}
-
-#[derive(Default)]
-struct UnitState {
-    failing: Option<(Instant, Vec<Failure>)>,
-    start_at: Option<Instant>,
-    done: bool,
-}
-
-/// Makes the kernel send `signal` to the process `cmd` starts when the process that started it
-/// dies (Linux `PR_SET_PDEATHSIG`; nothing elsewhere), so no child outlives a killed parent.
-pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (cmd, signal);
 }
 
 /// Runs the job to the end; `on_event` sees every [`Event`], the last one `Finished`.
 pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), RunnerError> {
-    let spec = &opts.spec;
-    check_chaos(spec, &opts.chaos)?;
+    check_chaos(&opts.spec, &opts.chaos)?;
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
     let started = Instant::now();
-
-    // The model for the final evaluation; loading the data now fails early when it is missing.
-    let data = crate::data::load(&spec.data, &opts.data_dir, spec.training.seed)
-        .map_err(|e| RunnerError::Config(e.to_string()))?;
-    let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
-    let mut eval =
-        Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))?;
-
-    let logs = opts.output.join("logs");
-    std::fs::create_dir_all(&logs).map_err(io(format!("creating {}", logs.display())))?;
-    if !opts.resume {
-        // A fresh run: the PS shards and an allreduce group would resume from these.
-        let old = (0..spec.parameter_servers.replicas)
-            .map(|index| format!("ps-{index}"))
-            .chain(std::iter::once("checkpoints".to_owned()));
-        for name in old {
-            let dir = opts.output.join(name);
-            if dir.exists() {
-                std::fs::remove_dir_all(&dir)
-                    .map_err(io(format!("removing the old checkpoints in {}", dir.display())))?;
-            }
-        }
-    }
-    let config = local_config(&opts.job_name, spec)?;
-    let config_path = opts.output.join(contract::CONFIG_FILE);
-    write_private(&config_path, &config.to_json())?;
-    let token = random_token()?;
-    let token_path = opts.output.join("token");
-    write_private(&token_path, &token)?;
-
-    let (tx, rx) = mpsc::channel();
-    let launcher = Launcher { opts, config_path, token_path, logs, lines: tx };
-    let mut procs = Procs { list: Vec::new(), next_id: 0 };
-    let mut sup = Supervisor::new(spec.run_policy.clone());
-    let mut units: BTreeMap<Unit, UnitState> = BTreeMap::new();
-    for index in 0..spec.parameter_servers.replicas {
-        units.insert(Unit::Ps(index), UnitState::default());
-        launcher.spawn_unit(&mut procs, Unit::Ps(index), 0)?;
-    }
-    for group in 0..spec.workers.groups {
-        units.insert(Unit::Group(group), UnitState::default());
-        launcher.spawn_unit(&mut procs, Unit::Group(group), 0)?;
+    let mut eval = final_model(opts)?;
+    let files = JobFiles::write(opts)?;
+    let (lines, rx) = mpsc::channel();
+    let spawner = Spawner {
+        opts,
+        config_path: files.config_path.clone(),
+        token_path: files.token_path.clone(),
+        logs: files.logs.clone(),
+        lines,
+    };
+    let mut procs = Procs { spawner, live: BTreeMap::new(), logs: BTreeMap::new() };
+    let mut sup = Supervisor::new(opts.spec.clone(), opts.chaos.clone());
+    let first = sup.start();
+    let processes = first.len();
+    for command in first {
+        procs.execute(command, on_event)?;
     }
     on_event(&Event::Started {
         job: opts.job_name.clone(),
-        processes: procs.list.len(),
+        processes,
         total_steps: eval.total_steps(),
         output: opts.output.display().to_string(),
     });
-
-    let mut merged = Merged::default();
-    let mut fired: BTreeSet<usize> = BTreeSet::new();
-    let mut steps = 0u64;
-    let mut final_accuracy: Option<f64> = None;
-    loop {
-        if INTERRUPTED.load(Ordering::SeqCst) {
+    match supervise(&mut sup, &mut procs, &rx, on_event)? {
+        Outcome::Interrupted => {
             procs.stop_all();
-            return Err(RunnerError::Interrupted);
+            Err(RunnerError::Interrupted)
         }
-        // Progress lines.
-        let mut batch = Vec::new();
-        if let Ok(msg) = rx.recv_timeout(Duration::from_millis(100)) {
-            batch.push(msg);
-            batch.extend(rx.try_iter());
+        Outcome::Failed { message, logs } => {
+            let tails = procs.log_tails(&logs);
+            procs.stop_all();
+            Err(RunnerError::Failed(format!("{message}\n{tails}")))
         }
-        for (id, text) in batch {
-            // Lines of processes that were already replaced are stale.
-            let Some(p) = procs.list.iter().find(|p| p.id == id) else { continue };
-            let current = sup.attempt(p.unit()) == p.attempt;
-            match progress::parse(&text) {
-                Some(Line::Progress { group, step, loss, accuracy, samples }) if current => {
-                    let at = merged.record(group, step, loss, accuracy, samples);
-                    on_event(&Event::Progress {
-                        step: at,
-                        group,
-                        group_step: step,
-                        loss: merged.loss(),
-                        accuracy: merged.accuracy(),
-                        samples: merged.samples(),
-                    });
-                }
-                Some(Line::Status { addr }) if current && p.role == (Role::Ps { index: 0 }) => {
-                    on_event(&Event::Status { ps: 0, addr });
-                }
-                Some(Line::Finished { steps: s, accuracy, rank, .. }) if current => {
-                    steps = steps.max(s);
-                    if rank == 0 && accuracy.is_some() {
-                        final_accuracy = accuracy;
-                    }
-                }
-                _ => {}
-            }
-        }
-        // Chaos.
-        for (i, c) in opts.chaos.iter().enumerate() {
-            if fired.contains(&i) || merged.step() < c.step {
-                continue;
-            }
-            let target = match (c.target, spec.workers.backend) {
-                (Role::Worker { group, .. }, Backend::Mpi) => Role::Launcher { group },
-                (t, _) => t,
-            };
-            if let Some(p) = procs.list.iter().find(|p| p.role == target && p.exit.is_none()) {
-                let pid = p.child.id() as libc::pid_t;
-                // SAFETY: kill(2) touches no memory. An mpirun launcher is killed with its ranks.
-                unsafe {
-                    libc::kill(
-                        if matches!(target, Role::Launcher { .. }) { -pid } else { pid },
-                        libc::SIGKILL,
-                    )
-                };
-                fired.insert(i);
-                on_event(&Event::Chaos { target: c.target.to_string(), step: merged.step() });
-            }
-        }
-        // Exits.
-        let now = Instant::now();
-        for p in procs.list.iter_mut().filter(|p| p.exit.is_none()) {
-            let status = p.child.try_wait().map_err(io(format!("waiting for {}", p.role)))?;
-            let Some(status) = status else { continue };
-            let exit = Exit::from_status(status);
-            p.exit = Some(exit);
-            let unit = Unit::of(p.role);
-            if exit.success() && matches!(unit, Unit::Ps(_)) {
-                return Err(RunnerError::Failed(format!(
-                    "{} stopped (exit code 0) while training ran; was it stopped from outside? {}",
-                    p.role,
-                    log_tail(&p.log)
-                )));
-            }
-            if !exit.success() {
-                let state = units.entry(unit).or_default();
-                let (_, failures) = state.failing.get_or_insert_with(|| (now, Vec::new()));
-                failures.push(Failure { role: p.role, exit });
-            }
-        }
-        // Groups whose every process finished cleanly are done.
-        for (unit, state) in units.iter_mut() {
-            if let Unit::Group(_) = unit
-                && !state.done
-                && state.failing.is_none()
-                && state.start_at.is_none()
-            {
-                let mine: Vec<&Proc> = procs.list.iter().filter(|p| p.unit() == *unit).collect();
-                if !mine.is_empty() && mine.iter().all(|p| p.exit.is_some_and(Exit::success)) {
-                    state.done = true;
-                }
-            }
-        }
-        // Failed units: judge once their processes ended or settled.
-        let failing: Vec<Unit> = units.iter().filter(|(_, s)| s.failing.is_some()).map(|(u, _)| *u).collect();
-        for unit in failing {
-            let since = units.get(&unit).and_then(|s| s.failing.as_ref()).map_or(now, |f| f.0);
-            let all_ended = procs.list.iter().filter(|p| p.unit() == unit).all(|p| p.exit.is_some());
-            if !all_ended && now.duration_since(since) < SETTLE {
-                continue;
-            }
-            // A group relaunched for a PS restart earlier in this pass has nothing left to judge.
-            let Some((_, failures)) = units.get_mut(&unit).and_then(|s| s.failing.take()) else { continue };
-            let logs: Vec<String> = failures
-                .iter()
-                .filter_map(|f| procs.list.iter().find(|p| p.role == f.role))
-                .map(|p| log_tail(&p.log))
-                .collect();
-            procs.kill_where(|p| p.unit() != unit);
-            match sup.on_failure(unit, &failures) {
-                Decision::Fail(message) => {
-                    procs.stop_all();
-                    return Err(RunnerError::Failed(format!("{message}\n{}", logs.join("\n"))));
-                }
-                Decision::Restart { unit, attempt, backoff, message } => {
-                    let (role, index) = match unit {
-                        Unit::Ps(i) => ("ps", i),
-                        Unit::Group(g) => ("group", g),
-                    };
-                    on_event(&Event::Restart { role, index, attempt, message });
-                    let at = now + backoff;
-                    if let Some(s) = units.get_mut(&unit) {
-                        s.start_at = Some(at);
-                    }
-                    if let Unit::Group(g) = unit {
-                        merged.restart(g);
-                    }
-                    if let Unit::Ps(ps) = unit {
-                        // The workers lose this PS; relaunch every unfinished group with it.
-                        let groups: Vec<Unit> = units
-                            .iter()
-                            .filter(|(u, s)| matches!(u, Unit::Group(_)) && !s.done)
-                            .map(|(u, _)| *u)
-                            .collect();
-                        for g in groups {
-                            procs.kill_where(|p| p.unit() != g);
-                            let attempt = sup.relaunch(g);
-                            if let Some(s) = units.get_mut(&g) {
-                                s.failing = None;
-                                s.start_at = Some(at);
-                            }
-                            if let Unit::Group(index) = g {
-                                merged.restart(index);
-                                on_event(&Event::Restart {
-                                    role: "group",
-                                    index,
-                                    attempt,
-                                    message: format!(
-                                        "group {index} relaunched because parameter server {ps} restarted"
-                                    ),
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // Units whose back-off ended start again.
-        for (unit, state) in units.iter_mut() {
-            if state.start_at.is_some_and(|at| at <= Instant::now()) {
-                state.start_at = None;
-                launcher.spawn_unit(&mut procs, *unit, sup.attempt(*unit))?;
-            }
-        }
-        if units.iter().filter(|(u, _)| matches!(u, Unit::Group(_))).all(|(_, s)| s.done) {
-            break;
+        Outcome::Trained { steps, accuracy, samples, restarts } => {
+            let (test_accuracy, test_loss) = evaluate(&files, &mut eval, accuracy)?;
+            procs.stop_all();
+            let wall_seconds = started.elapsed().as_secs_f64();
+            on_event(&Event::Finished {
+                test_accuracy,
+                test_loss,
+                steps: if steps > 0 { steps } else { eval.total_steps() },
+                samples_per_second: samples as f64 / wall_seconds.max(1e-9),
+                wall_seconds,
+                restarts,
+            });
+            Ok(())
         }
     }
+}
 
-    // Every group finished: read the final model from the PS and evaluate it.
-    let (test_accuracy, test_loss) = if config.parameter_servers.is_empty() {
-        let accuracy = final_accuracy
-            .ok_or_else(|| RunnerError::Eval("no worker reported a final test accuracy".into()))?;
-        (accuracy, None)
-    } else {
-        let servers: Vec<String> = config.parameter_servers.iter().map(Endpoint::to_string).collect();
-        let total = eval.params().len();
-        let mut client_config = ClientConfig::observer(servers, token);
-        client_config.total_len = total as u64;
-        let mut client = PsClient::connect(client_config).map_err(|e| RunnerError::Eval(e.to_string()))?;
-        let mut weights = vec![0f32; total];
-        client.pull(0, &mut weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
-        drop(client);
-        eval.set_params(&weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
-        let result = eval.evaluate().map_err(|e| RunnerError::Eval(e.to_string()))?;
-        (result.accuracy, Some(result.loss))
-    };
-    procs.stop_all();
-    let wall_seconds = started.elapsed().as_secs_f64();
-    on_event(&Event::Finished {
-        test_accuracy,
-        test_loss,
-        steps: if steps > 0 { steps } else { eval.total_steps() },
-        samples_per_second: merged.samples() as f64 / wall_seconds.max(1e-9),
-        wall_seconds,
-        restarts: sup.restarts(),
-    });
-    Ok(())
+/// Feeds the supervisor every line, exit and tick, carrying out its commands, until the job is
+/// over.
+fn supervise(
+    sup: &mut Supervisor,
+    procs: &mut Procs<'_>,
+    lines: &mpsc::Receiver<(ProcId, String)>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Outcome, RunnerError> {
+    loop {
+        let mut inputs = Vec::new();
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            inputs.push(Input::Interrupted);
+        }
+        if let Ok(first) = lines.recv_timeout(Duration::from_millis(100)) {
+            let batch = std::iter::once(first).chain(lines.try_iter());
+            inputs.extend(
+                batch.filter_map(|(id, text)| Some(Input::Line { id, line: progress::parse(&text)? })),
+            );
+        }
+        inputs.extend(procs.exits()?);
+        inputs.push(Input::Tick);
+        for input in inputs {
+            for command in sup.handle(input, Instant::now()) {
+                if let Some(outcome) = procs.execute(command, on_event)? {
+                    return Ok(outcome);
+                }
+            }
+        }
+    }
+}
+
+/// The model for the final evaluation; loading the data now fails early when it is missing.
+fn final_model(opts: &Options) -> Result<Trainer, RunnerError> {
+    let spec = &opts.spec;
+    let data = crate::data::load(&spec.data, &opts.data_dir, spec.training.seed)
+        .map_err(|e| RunnerError::Config(e.to_string()))?;
+    let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
+    Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))
+}
+
+/// What the runner writes into the output folder before it starts a process.
+struct JobFiles {
+    config: JobConfig,
+    config_path: PathBuf,
+    token: String,
+    token_path: PathBuf,
+    logs: PathBuf,
+}
+
+impl JobFiles {
+    /// Creates the log folder, clears old checkpoints unless resuming, writes `job.json` and a
+    /// fresh token.
+    fn write(opts: &Options) -> Result<Self, RunnerError> {
+        let spec = &opts.spec;
+        let logs = opts.output.join("logs");
+        std::fs::create_dir_all(&logs).map_err(io(format!("creating {}", logs.display())))?;
+        if !opts.resume {
+            // A fresh run: the PS shards and an allreduce group would resume from these.
+            let old = (0..spec.parameter_servers.replicas)
+                .map(|index| format!("ps-{index}"))
+                .chain(std::iter::once("checkpoints".to_owned()));
+            for name in old {
+                let dir = opts.output.join(name);
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir)
+                        .map_err(io(format!("removing the old checkpoints in {}", dir.display())))?;
+                }
+            }
+        }
+        let config = local_config(&opts.job_name, spec)?;
+        let config_path = opts.output.join(contract::CONFIG_FILE);
+        write_private(&config_path, &config.to_json())?;
+        let token = random_token()?;
+        let token_path = opts.output.join("token");
+        write_private(&token_path, &token)?;
+        Ok(Self { config, config_path, token, token_path, logs })
+    }
+}
+
+/// Test accuracy and loss of the trained model: the PS weights evaluated on the test set, or
+/// without a PS the accuracy rank 0 `reported`.
+fn evaluate(
+    files: &JobFiles,
+    eval: &mut Trainer,
+    reported: Option<f64>,
+) -> Result<(f64, Option<f64>), RunnerError> {
+    let config = &files.config;
+    if config.parameter_servers.is_empty() {
+        let accuracy =
+            reported.ok_or_else(|| RunnerError::Eval("no worker reported a final test accuracy".into()))?;
+        return Ok((accuracy, None));
+    }
+    let servers: Vec<String> = config.parameter_servers.iter().map(Endpoint::to_string).collect();
+    let total = eval.params().len();
+    let mut client_config = ClientConfig::observer(servers, files.token.clone());
+    client_config.total_len = total as u64;
+    let mut client = PsClient::connect(client_config).map_err(|e| RunnerError::Eval(e.to_string()))?;
+    let mut weights = vec![0f32; total];
+    client.pull(0, &mut weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
+    drop(client);
+    eval.set_params(&weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
+    let result = eval.evaluate().map_err(|e| RunnerError::Eval(e.to_string()))?;
+    Ok((result.accuracy, Some(result.loss)))
 }

@@ -1,0 +1,111 @@
+//! Child processes: how one ended, tying a child's life to its parent's, and free loopback ports.
+//! Shared by the local runner, `tandem launcher` and `tandem bench`.
+
+use std::fmt;
+use std::process::{Command, ExitStatus};
+
+use tandem_api::policy::FailureKind;
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+impl Exit {
+    /// The exit of a finished child.
+    pub fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Exit::Code(code),
+            (None, Some(signal)) => Exit::Signal(signal),
+            // Neither a code nor a signal cannot happen for a waited child on Unix.
+            (None, None) => Exit::Code(-1),
+        }
+    }
+
+    /// The code a shell (or a kubelet) reports for it: the exit code, or 128 + the signal that
+    /// killed it.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            Exit::Code(code) => code,
+            Exit::Signal(signal) => 128 + signal,
+        }
+    }
+
+    /// Whether it exited cleanly.
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+
+    /// The failure the run policy judges, for an exit that is not a [`Exit::success`].
+    pub fn failure_kind(self) -> FailureKind {
+        match self {
+            Exit::Code(code) => FailureKind::Exit(code),
+            Exit::Signal(signal) => FailureKind::Signal(signal),
+        }
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(code) => write!(f, "exit code {code}"),
+            Exit::Signal(signal) => write!(f, "signal {signal}"),
+        }
+    }
+}
+
+/// Makes the kernel send `signal` to the process `cmd` starts when the process that started it
+/// dies (Linux `PR_SET_PDEATHSIG`; nothing elsewhere), so no child outlives a killed parent.
+pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and allocates nothing, as pre_exec requires.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (cmd, signal);
+}
+
+/// `n` loopback ports that were free a moment ago, all held at once so that they differ. Another
+/// program may take one between this call and its use.
+pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let listeners =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
+    listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_reads_as_128_plus_its_number_and_as_a_signal_to_the_policy() {
+        assert_eq!(Exit::Signal(9).shell_code(), 137);
+        assert_eq!(Exit::Code(3).shell_code(), 3);
+        assert_eq!(Exit::Signal(9).failure_kind(), FailureKind::Signal(9));
+        assert_eq!(Exit::Code(200).failure_kind(), FailureKind::Exit(200));
+        assert!(Exit::Code(0).success() && !Exit::Signal(15).success());
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(8).unwrap_or_default();
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!((ports.len(), unique.len()), (8, 8));
+    }
+}
