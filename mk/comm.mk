@@ -4,7 +4,7 @@
 
 ## comm-test: the collective tests only (real processes on loopback, and under mpirun).
 comm-test: deps
-	$(CARGO) test -p tandem-trainer --test comm_tcp --test comm_mpi
+	$(CARGO) test -p tandem-trainer --test it -- comm_tcp:: comm_mpi::
 
 ## bench-allreduce: tandem tcp vs OpenMPI over TCP vs OpenMPI shared memory; writes out/bench/allreduce.
 bench-allreduce: deps

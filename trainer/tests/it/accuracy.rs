@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod trainer_support;
+use crate::trainer_support;
 
 use candle_core::Device;
 use tandem::data;

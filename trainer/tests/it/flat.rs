@@ -2,8 +2,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod trainer_support;
-
 use candle_core::{Device, Tensor};
 use tandem::data::synthetic;
 use tandem::model::{InputShape, Model};

@@ -7,11 +7,9 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod runner_support;
-
 use std::collections::BTreeSet;
 
-use runner_support::{example, example_yaml, one_job_at_a_time, processes_of, train};
+use crate::runner_support::{example, example_yaml, one_job_at_a_time, processes_of, train};
 
 /// Trains `examples/<name>` and checks the target, the topology's progress and the curve.
 fn reaches_the_target(name: &str) {

@@ -3,13 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod ps_common;
-
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use ps_common::{Job, addrs, eventually};
+use crate::ps_common::{Job, addrs, eventually};
 use tandem::ps::client::PsClient;
 use tandem::ps::wire::Progress;
 

@@ -3,13 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod ps_common;
+use crate::ps_common;
 
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
+use crate::ps_common::{Job, addrs, worker_config};
 use candle_core::Device;
-use ps_common::{Job, addrs, worker_config};
 use tandem::comm::tcp::{self, TcpComm, TcpConfig};
 use tandem::optim::Optimizer;
 use tandem::ps::client::PsClient;

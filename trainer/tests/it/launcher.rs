@@ -6,12 +6,10 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod runner_support;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use runner_support::{data_dir, example_yaml, one_job_at_a_time, set};
+use crate::runner_support::{data_dir, example_yaml, one_job_at_a_time, set};
 use tandem_api::TrainingJob;
 
 const STEPS: u64 = 20;

@@ -3,13 +3,11 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod ps_common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
-use ps_common::{Job, TOKEN};
+use crate::ps_common::{Job, TOKEN};
 use tandem::ps::wire::Progress;
 use tandem_api::contract::{PsStatus, env};
 

@@ -6,13 +6,13 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod runner_support;
-
 use std::io::{BufRead, BufReader, Lines};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Stdio};
 
-use runner_support::{Run, example, manifest, one_job_at_a_time, processes_of, set, train, train_command};
+use crate::runner_support::{
+    Run, example, manifest, one_job_at_a_time, processes_of, set, train, train_command,
+};
 use tandem_api::contract::JobConfig;
 
 /// A fresh folder (kept while the returned `TempDir` lives) holding the hybrid example with `edit`

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod trainer_support;
+use crate::trainer_support;
 
 use candle_core::Device;
 use tandem::data;
@@ -54,11 +54,11 @@ fn check(spec: TrainingJobSpec, k: u64) {
     assert!(err.contains("another configuration"), "{err}");
 }
 
-// One test function in this file, so that setting the thread count cannot race another test.
+// The straight and the resumed runs share this process's thread count (candle reads
+// RAYON_NUM_THREADS, which nothing changes while tests run), for which candle's CPU kernels are
+// deterministic; the test binary's other tests do not change it either.
 #[test]
 fn resuming_gives_bitwise_identical_weights() {
-    // SAFETY: no other thread of this test binary is running yet.
-    unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     // k falls inside the second epoch (digits: 1,437 / 32 = 44 batches), so the cursor matters.
     check(
         trainer_support::small_job(

@@ -8,11 +8,11 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod runner_support;
-
 use std::path::{Path, PathBuf};
 
-use runner_support::{Run, data_dir, example, example_yaml, manifest_as, one_job_at_a_time, set, train};
+use crate::runner_support::{
+    Run, data_dir, example, example_yaml, manifest_as, one_job_at_a_time, set, train,
+};
 use tandem::checkpoint::{self, Checkpoint};
 
 /// `tandem train --output json`, asserting that it succeeded and ended with the finished event.

@@ -3,11 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod ps_common;
-
 use std::io::Read;
 
-use ps_common::{Job, addrs};
+use crate::ps_common::{Job, addrs};
 use tandem_api::contract::Endpoint;
 
 fn free_ports(n: usize) -> Vec<Endpoint> {

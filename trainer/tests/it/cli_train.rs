@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod trainer_support;
+use crate::trainer_support;
 
 use std::process::Command;
 

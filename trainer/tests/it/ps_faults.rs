@@ -3,13 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod ps_common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ps_common::{Job, TOKEN, addrs, eventually, worker_config};
+use crate::ps_common::{Job, TOKEN, addrs, eventually, worker_config};
 use tandem::ps::client::{ClientError, PsClient};
 use tandem::ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 
