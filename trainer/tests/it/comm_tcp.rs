@@ -102,7 +102,9 @@ fn finish(ranks: Vec<Rank>, limit: Duration) -> Vec<Finished> {
         .into_iter()
         .map(|mut r| {
             let success = r.child.wait().unwrap().success();
-            let stdout: Vec<String> = r.stdout.try_iter().collect();
+            // The reader thread may still be forwarding lines: read until it closes the channel
+            // at the end of the child's stdout, not just what already arrived.
+            let stdout: Vec<String> = r.stdout.iter().collect();
             Finished { success, stdout: stdout.join("\n"), stderr: r.stderr.join().unwrap() }
         })
         .collect()
