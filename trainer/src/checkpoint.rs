@@ -14,8 +14,6 @@
 //!   refused with an error saying which and what to do — never half-loaded.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -23,6 +21,8 @@ use sha2::{Digest, Sha256};
 
 use crate::data::DataCursor;
 use crate::optim::OptimizerState;
+use crate::util::fs;
+use crate::util::token::hex;
 
 /// Version of the metadata layout; bumped on incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
@@ -121,10 +121,6 @@ pub fn config_hash(config: &serde_json::Value) -> String {
     hex(&Sha256::digest(config.to_string().as_bytes()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn checksum(meta_json: &str, tensors: &[NamedTensor]) -> String {
     let mut h = Sha256::new();
     h.update((meta_json.len() as u64).to_le_bytes());
@@ -208,32 +204,17 @@ impl Checkpoint {
         safetensors::tensor::serialize(views, Some(info)).map_err(|e| CheckpointError::Invalid(e.to_string()))
     }
 
-    /// Writes the checkpoint to `path` atomically (temp file, fsync, rename, fsync of the folder).
+    /// Writes the checkpoint to `path` atomically ([`fs::write_atomic`]).
     pub fn write_atomic(&self, path: &Path) -> Result<(), CheckpointError> {
         let bytes = self.to_bytes()?;
-        let io = |source| CheckpointError::Io { path: path.to_owned(), source };
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).map_err(io)?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let result = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, path)?;
-            // Make the rename itself durable.
-            File::open(dir)?.sync_all()
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result.map_err(io)
+        fs::write_atomic(path, &bytes, None)
+            .map_err(|source| CheckpointError::Io { path: path.to_owned(), source })
     }
 
     /// Reads and verifies the checkpoint at `path`.
     pub fn read(path: &Path) -> Result<Self, CheckpointError> {
-        let bytes = fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_owned(), source })?;
+        let bytes =
+            std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_owned(), source })?;
         Self::from_bytes(path, &bytes)
     }
 
@@ -307,30 +288,17 @@ pub fn latest(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     Ok(list(dir)?.pop().map(|(_, p)| p))
 }
 
+/// The step of a checkpoint file name of [`step_path`].
+fn step_of(name: &str) -> Option<u64> {
+    name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok()
+}
+
 /// Checkpoints in `dir`, by step.
 fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(source) => return Err(CheckpointError::Io { path: dir.to_owned(), source }),
-    };
-    let mut found: Vec<(u64, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let step = name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok()?;
-            Some((step, e.path()))
-        })
-        .collect();
-    found.sort();
-    Ok(found)
+    fs::numbered(dir, step_of).map_err(|source| CheckpointError::Io { path: dir.to_owned(), source })
 }
 
 /// Deletes all but the newest `keep` checkpoints in `dir`.
 pub fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
-    let found = list(dir)?;
-    for (_, p) in found.iter().take(found.len().saturating_sub(keep)) {
-        fs::remove_file(p).map_err(|source| CheckpointError::Io { path: p.clone(), source })?;
-    }
-    Ok(())
+    fs::keep_newest(dir, keep, step_of).map_err(|source| CheckpointError::Io { path: dir.to_owned(), source })
 }

@@ -15,4 +15,5 @@ pub mod ps;
 pub mod rng;
 pub mod runner;
 pub mod train;
+pub mod util;
 pub mod worker;

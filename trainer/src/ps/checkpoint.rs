@@ -9,8 +9,6 @@
 //! one, never a torn file under a checkpoint name. [`latest`] skips files that fail their
 //! checksum (logging them) and falls back to the newest good one; the two newest files are kept.
 
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +18,7 @@ use tandem_api::OptimizerKind;
 use super::state::Snapshot;
 use super::wire::Progress;
 use crate::optim::OptimizerState;
+use crate::util::fs;
 
 const MAGIC: &[u8; 8] = b"TPSCKPT1";
 const KEEP: usize = 2;
@@ -190,51 +189,30 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
 
 /// Writes `snapshot` into `dir` atomically and prunes all but the newest files of its shard.
 pub fn save(dir: &Path, snapshot: &Snapshot) -> Result<PathBuf, CheckpointError> {
-    let werr = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| CheckpointError::Write { path, source }
-    };
-    fs::create_dir_all(dir).map_err(werr(dir))?;
     let path = dir.join(file_name(snapshot.index, snapshot.version));
-    let tmp = dir.join(format!(".{}.tmp", file_name(snapshot.index, snapshot.version)));
-    let bytes = encode(snapshot);
-    {
-        let mut f = File::create(&tmp).map_err(werr(&tmp))?;
-        f.write_all(&bytes).map_err(werr(&tmp))?;
-        f.sync_all().map_err(werr(&tmp))?;
-    }
-    fs::rename(&tmp, &path).map_err(werr(&path))?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(werr(dir))?;
-    let mut versions = versions(dir, snapshot.index).unwrap_or_default();
-    versions.sort_unstable_by(|a, b| b.cmp(a));
-    for old in versions.into_iter().skip(KEEP) {
-        let _ = fs::remove_file(dir.join(file_name(snapshot.index, old)));
-    }
+    fs::write_atomic(&path, &encode(snapshot), None)
+        .map_err(|source| CheckpointError::Write { path: path.clone(), source })?;
+    let index = snapshot.index;
+    // Pruning is best effort: a file left over costs disk, not correctness.
+    let _ = fs::keep_newest(dir, KEEP, |name| parse_name(name, index));
     Ok(path)
 }
 
 fn versions(dir: &Path, index: u32) -> std::io::Result<Vec<u64>> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        if let Some(v) = entry?.file_name().to_str().and_then(|n| parse_name(n, index)) {
-            out.push(v);
-        }
-    }
-    Ok(out)
+    Ok(fs::numbered(dir, |name| parse_name(name, index))?.into_iter().map(|(v, _)| v).collect())
 }
 
 /// The newest intact checkpoint of shard `index` in `dir`; `None` when there is none at all.
 pub fn latest(dir: &Path, index: u32) -> Result<Option<Snapshot>, CheckpointError> {
     let mut found = match versions(dir, index) {
         Ok(v) => v,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Read { path: dir.to_path_buf(), source }),
     };
     found.sort_unstable_by(|a, b| b.cmp(a));
     let mut first = None;
     for &v in &found {
         let path = dir.join(file_name(index, v));
-        let result = fs::read(&path).map_err(|e| e.to_string()).and_then(|b| decode(&b));
+        let result = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| decode(&b));
         match result {
             Ok(snapshot) => return Ok(Some(snapshot)),
             Err(problem) => {
@@ -288,12 +266,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         assert!(save(dir.path(), &snap(3)).is_ok());
         let newest = save(dir.path(), &snap(6)).unwrap_or_else(|e| panic!("{e}"));
-        let mut bytes = fs::read(&newest).unwrap_or_default();
+        let mut bytes = std::fs::read(&newest).unwrap_or_default();
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
-        assert!(fs::write(&newest, &bytes).is_ok());
+        assert!(std::fs::write(&newest, &bytes).is_ok());
         assert_eq!(latest(dir.path(), 1).ok().flatten(), Some(snap(3)));
-        assert!(fs::write(dir.path().join(file_name(1, 3)), b"garbage").is_ok());
+        assert!(std::fs::write(dir.path().join(file_name(1, 3)), b"garbage").is_ok());
         assert!(matches!(latest(dir.path(), 1), Err(CheckpointError::NoneIntact { found: 2, .. })));
     }
 

@@ -28,8 +28,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::state::{GroupStatus, ShardStatus, same_token};
+use super::state::{GroupStatus, ShardStatus};
 use crate::ps::Mode;
+use crate::util::token::same_bytes;
 use tandem_api::contract::{PsStatus, STATUS_PATH};
 
 /// Largest request head (request line and headers) read, in bytes.
@@ -223,7 +224,7 @@ async fn answer(mut stream: TcpStream, token: &str, query: &Query) -> std::io::R
         .authorization
         .as_deref()
         .and_then(|a| a.strip_prefix("Bearer ").or_else(|| a.strip_prefix("bearer ")))
-        .is_some_and(|t| same_token(t.trim(), token));
+        .is_some_and(|t| same_bytes(t.trim().as_bytes(), token.as_bytes()));
     if !authorised {
         return respond(
             &mut stream,

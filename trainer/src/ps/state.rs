@@ -34,6 +34,7 @@ use serde::Serialize;
 use tandem_api::job::OptimizerSpec;
 
 use crate::optim::OptimizerState;
+use crate::util::token;
 
 use super::Mode;
 use super::optim::ShardOptimizer;
@@ -274,12 +275,6 @@ pub struct ShardState {
     refused: u64,
 }
 
-/// Compares tokens in time independent of where they differ.
-pub(crate) fn same_token(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl ShardState {
     /// A shard with no weights yet: the first worker's hello sizes it and `init` frames fill it.
     pub fn new(config: ShardConfig) -> Self {
@@ -510,7 +505,7 @@ impl ShardState {
     }
 
     fn hello(&mut self, out: &mut Vec<Output>, session: SessionId, token: &str, peer: Peer, total_len: u64) {
-        if !same_token(token, &self.config.token) {
+        if !token::same_bytes(token.as_bytes(), self.config.token.as_bytes()) {
             self.refuse(out, session, ErrorCode::Unauthenticated, "wrong job token".into());
             out.push(Output::Close(session));
             return;
