@@ -7,9 +7,10 @@
 use std::time::Instant;
 
 use candle_core::Device;
-use tandem::data::{Loader, synthetic};
-use tandem::model::{InputShape, Model};
-use tandem::optim::Optimizer;
+use tandem::compute::data::InputShape;
+use tandem::compute::data::{Loader, synthetic};
+use tandem::compute::model::Model;
+use tandem::compute::optim::Optimizer;
 use tandem_api::{ModelKind, ModelSpec, OptimizerSpec};
 
 fn main() -> anyhow::Result<()> {

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod launcher;
 pub mod ps;
+pub mod report;
 pub mod train;
 pub mod worker;
 

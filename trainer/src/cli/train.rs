@@ -9,12 +9,12 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
+use crate::cli::report::curve::Curve;
 use anyhow::{Context, bail};
-use tandem::curve::Curve;
-use tandem::data;
-use tandem::model::{DeviceChoice, select_device};
-use tandem::optim::Optimizer;
-use tandem::train::{Event, LocalStep, RunOptions, Trainer};
+use tandem::compute::data;
+use tandem::compute::model::{DeviceChoice, select_device};
+use tandem::compute::optim::Optimizer;
+use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
 use tandem_api::TrainingJob;
 
 /// How progress is reported.
@@ -79,7 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let out_dir = args.output_dir.unwrap_or_else(|| PathBuf::from("out").join(&name));
     let ckpt_dir = out_dir.join("checkpoints");
     if args.resume
-        && let Some(path) = tandem::checkpoint::latest(&ckpt_dir)?
+        && let Some(path) = tandem::compute::checkpoint::latest(&ckpt_dir)?
     {
         trainer.resume(&mut update, &path)?;
         if args.output == Output::Text {
@@ -190,7 +190,7 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         chaos: args.chaos.clone(),
         resume: args.resume,
     };
-    let mut display = tandem::runner::display::Display::new(name, args.output == Output::Json);
+    let mut display = crate::cli::report::display::Display::new(name, args.output == Output::Json);
     // The merged progress is the job's training curve, written when it finishes.
     let mut curve = Curve::default();
     let title = format!(

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use tandem::comm::Communicator;
-use tandem::model::{DeviceChoice, select_device};
+use tandem::compute::model::{DeviceChoice, select_device};
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
 use tandem_api::contract::Role;

@@ -520,7 +520,7 @@ impl PsClient {
         Self::expect_acks("report", replies, |i| servers.get(i).cloned().unwrap_or_default())
     }
 
-    /// Shard `index`'s status as JSON (see `ps::state::ShardStatus`).
+    /// Shard `index`'s status as JSON (see `ps::server::state::ShardStatus`).
     pub fn status(&mut self, index: usize) -> Result<serde_json::Value, ClientError> {
         match self.call_one(index, "status", Frame::StatusRequest)? {
             Frame::Status(json) => serde_json::from_str(&json).map_err(|e| ClientError::Layout {

@@ -1,27 +1,21 @@
 //! The parameter server: the flat parameter vector, sharded by key range over PS replicas.
 //!
-//! Layers: [`shard`] (who holds which range, a pure function both sides share), [`wire`] (the
-//! framed binary protocol), [`state`] (the per-shard protocol state machine, free of I/O so it
-//! is tested on a simulated network), [`optim`] (the update rule a shard runs), [`checkpoint`]
-//! (atomic, checksummed shard files), [`server`] (the tokio driver: sockets, logging,
-//! checkpoints), [`http`] (the authenticated HTTP status endpoint the operator reads) and
-//! [`client`] (what a worker rank uses to push and pull across every shard).
+//! Two sides, one protocol. What workers and observers use: [`shard`] (who holds which range, a
+//! pure function both sides share), [`wire`] (the framed binary protocol) and [`client`] (the
+//! client end: push and pull across every shard). What only `tandem ps` runs: [`server`] (the
+//! per-shard state machine, free of I/O, its tokio driver, its update rule, checkpoints and HTTP
+//! status endpoint). Nothing here imports a role or the training loop.
 //!
 //! Expected flow, per worker rank: connect and say hello (job token, group, rank, attempt, vector
 //! length) to every shard; `init` its range with the initial weights (ignored once a shard holds
 //! weights); `join`; pull the current weights; then each step push its range and pull it back.
 //! A group leaves explicitly, or implicitly when its last connection to a shard closes.
 //!
-//! Guarantees: see [`state`] for the consistency of each [`Mode`].
+//! Guarantees: see [`server::state`] for the consistency of each [`Mode`].
 
-pub mod checkpoint;
 pub mod client;
-pub mod http;
-pub mod optim;
 pub mod server;
 pub mod shard;
-pub mod state;
-pub mod step;
 pub mod wire;
 
 use serde::Serialize;

@@ -213,7 +213,7 @@ pub enum Frame {
         /// The weights.
         values: Vec<f32>,
     },
-    /// Answer to a status request: a JSON object (see `ps::state::ShardStatus`).
+    /// Answer to a status request: a JSON object (see `ps::server::state::ShardStatus`).
     Status(String),
     /// A refusal.
     Error {

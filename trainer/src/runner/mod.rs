@@ -18,13 +18,12 @@
 //! Caveats: `tandem worker` does not reconnect to a restarted PS, so a PS restart also relaunches
 //! every unfinished group (a new attempt each, not counted towards `maxRestarts`). A restarted
 //! group resumes from the PS weights and continues its step count from the PS
-//! ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank 0's
+//! ([`crate::worker::ps_step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank 0's
 //! newest checkpoint in `<output>/checkpoints/`, which a run without `--resume` clears first. Free
 //! ports are found by binding port 0 and releasing it, so another program could take one in
 //! between.
 
 pub mod chaos;
-pub mod display;
 pub mod policy;
 pub mod progress;
 
@@ -40,8 +39,8 @@ use candle_core::Device;
 use tandem_api::contract::{self, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
 use tandem_api::{Backend, TrainingJobSpec};
 
+use crate::compute::train::Trainer;
 use crate::ps::client::{ClientConfig, PsClient};
-use crate::train::Trainer;
 use chaos::Chaos;
 use policy::{Decision, Exit, Failure, Supervisor, Unit};
 use progress::{Line, Merged};
@@ -477,7 +476,7 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
     let started = Instant::now();
 
     // The model for the final evaluation; loading the data now fails early when it is missing.
-    let data = crate::data::load(&spec.data, &opts.data_dir, spec.training.seed)
+    let data = crate::compute::data::load(&spec.data, &opts.data_dir, spec.training.seed)
         .map_err(|e| RunnerError::Config(e.to_string()))?;
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let mut eval =

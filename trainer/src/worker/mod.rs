@@ -1,6 +1,6 @@
 //! One worker rank of a multi-process job: trains its group's share of every step through the
 //! group's [`Communicator`] (`tcp` or `mpi`), with the parameter servers (`ps-sync`, `ps-async`,
-//! `hybrid`, `easgd`, through [`crate::ps::step::PsStep`]) or without (`allreduce`, through
+//! `hybrid`, `easgd`, through [`ps_step::PsStep`]) or without (`allreduce`, through
 //! [`allreduce::AllreduceStep`]).
 //!
 //! Expected flow: form the group's communicator ([`connect_tcp`], or MPI's world communicator
@@ -9,10 +9,10 @@
 //!
 //! Guarantees:
 //! - Data: global rank `group × groupSize + rank` of `groups × groupSize` ranks
-//!   ([`crate::data`]), so one group of p ranks sees at every step exactly the batch of one
+//!   ([`crate::compute::data`]), so one group of p ranks sees at every step exactly the batch of one
 //!   process with the p× batch.
 //! - A restarted group of a PS job continues its step count from the PS
-//!   ([`crate::ps::step::PsStep::start_step`]) with the learning-rate schedule and data stream of
+//!   ([`ps_step::PsStep::start_step`]) with the learning-rate schedule and data stream of
 //!   that step, so the job ends at its step count, not later.
 //! - Progress: every [`PROGRESS_EVERY`] steps and every `evalEverySteps` the group averages its
 //!   training loss since the previous report (a collective, so every rank takes part); rank 0
@@ -30,6 +30,7 @@
 //! (`checkpoint.claimName`); with an emptyDir a recreated group starts again from step 0.
 
 pub mod allreduce;
+pub mod ps_step;
 
 use std::path::{Path, PathBuf};
 
@@ -38,12 +39,12 @@ use tandem_api::Algorithm;
 use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
-use crate::comm::{Communicator, ReduceOp};
+use crate::comm::{CommError, Communicator, ReduceOp};
+use crate::compute::train::{GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
-use crate::ps::step::{Exchange, PsStep};
 use crate::ps::wire::Progress;
-use crate::train::{GradientStep, TrainError, Trainer};
 use allreduce::AllreduceStep;
+use ps_step::{Exchange, PsStep};
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
@@ -113,6 +114,13 @@ pub struct Summary {
     pub accuracy: f64,
 }
 
+/// A failed group collective as a training error: [`TrainError::PeerLost`] when a peer rank was
+/// lost (retryable), [`TrainError::Step`] otherwise.
+pub fn collective(e: CommError) -> TrainError {
+    let message = format!("group collective: {e}");
+    if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
+}
+
 /// Forms group `place.group`'s `tcp` communicator from the job config's peer list.
 pub fn connect_tcp(job: &JobConfig, place: &Place, token: &str) -> Result<TcpComm, WorkerError> {
     tcp::connect_from_contract(
@@ -178,7 +186,7 @@ pub fn run<C: Communicator>(
     }
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
-    let data = crate::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
+    let data = crate::compute::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
@@ -219,7 +227,7 @@ pub fn run<C: Communicator>(
         }
         Update::Allreduce(s) => {
             let newest = if place.rank == 0 {
-                crate::checkpoint::latest(&checkpoints).map_err(TrainError::from)?
+                crate::compute::checkpoint::latest(&checkpoints).map_err(TrainError::from)?
             } else {
                 None
             };
@@ -258,7 +266,7 @@ pub fn run<C: Communicator>(
         }
         // The group's mean training loss since the last report.
         let mut sums = [loss_sum, seen];
-        update.comm().allreduce(&mut sums, ReduceOp::Sum).map_err(TrainError::collective)?;
+        update.comm().allreduce(&mut sums, ReduceOp::Sum).map_err(collective)?;
         (loss_sum, seen) = (0.0, 0.0);
         if place.rank != 0 {
             continue;
@@ -301,7 +309,7 @@ fn save_group_checkpoint<C: Communicator>(
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| WorkerError::Config(format!("cannot create {} for checkpoints: {e}", dir.display())))?;
-    trainer.save(step, &crate::checkpoint::step_path(dir, trainer.step_count()))?;
-    crate::checkpoint::prune(dir, KEEP_CHECKPOINTS).map_err(TrainError::from)?;
+    trainer.save(step, &crate::compute::checkpoint::step_path(dir, trainer.step_count()))?;
+    crate::compute::checkpoint::prune(dir, KEEP_CHECKPOINTS).map_err(TrainError::from)?;
     Ok(())
 }

@@ -6,9 +6,9 @@
 use crate::trainer_support;
 
 use candle_core::Device;
-use tandem::data;
-use tandem::optim::Optimizer;
-use tandem::train::{Event, LocalStep, RunOptions, Trainer};
+use tandem::compute::data;
+use tandem::compute::optim::Optimizer;
+use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
 
 fn train_example(name: &str) -> (f64, Vec<Event>) {
     let spec = trainer_support::example(name);

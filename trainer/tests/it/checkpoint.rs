@@ -2,9 +2,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use tandem::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, FORMAT_VERSION, NamedTensor};
-use tandem::data::DataCursor;
-use tandem::optim::Optimizer;
+use tandem::compute::checkpoint::{
+    self, Checkpoint, CheckpointError, CheckpointMeta, FORMAT_VERSION, NamedTensor,
+};
+use tandem::compute::data::DataCursor;
+use tandem::compute::optim::Optimizer;
 use tandem_api::{OptimizerKind, OptimizerSpec};
 
 fn sample(kind: &str, range: Option<(usize, usize)>) -> Checkpoint {

@@ -7,8 +7,8 @@ use crate::trainer_support;
 use std::io::Write;
 use std::path::Path;
 
-use tandem::data::{self, CsvOptions, DataError, Loader, read_csv, read_idx, synthetic};
-use tandem::model::InputShape;
+use tandem::compute::data::InputShape;
+use tandem::compute::data::{self, CsvOptions, DataError, Loader, read_csv, read_idx, synthetic};
 use tandem_api::{DataSource, DataSpec};
 
 fn write(path: &Path, bytes: &[u8]) {

@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use candle_core::{Device, Tensor};
-use tandem::data::synthetic;
-use tandem::model::{InputShape, Model};
+use tandem::compute::data::InputShape;
+use tandem::compute::data::synthetic;
+use tandem::compute::model::Model;
 use tandem_api::{ModelKind, ModelSpec};
 
 fn models() -> Vec<Model> {

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use tandem::optim::{LrSchedule, Optimizer};
+use tandem::compute::optim::{LrSchedule, Optimizer};
 use tandem_api::{OptimizerKind, OptimizerSpec, ScheduleKind, ScheduleSpec};
 
 fn sgd(momentum: f64, nesterov: bool, weight_decay: f64) -> OptimizerSpec {

@@ -1,5 +1,5 @@
 //! Real training through real `tandem ps` processes: worker groups of tcp-connected ranks
-//! (threads here) use `ps::step::PsStep` with the compute layer's trainer.
+//! (threads here) use `worker::ps_step::PsStep` with the compute layer's trainer.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,10 +11,10 @@ use std::sync::{Arc, Barrier};
 use crate::ps_common::{Job, addrs, worker_config};
 use candle_core::Device;
 use tandem::comm::tcp::{self, TcpComm, TcpConfig};
-use tandem::optim::Optimizer;
+use tandem::compute::optim::Optimizer;
+use tandem::compute::train::{LocalStep, Trainer};
 use tandem::ps::client::PsClient;
-use tandem::ps::step::{Exchange, PsStep};
-use tandem::train::{LocalStep, Trainer};
+use tandem::worker::ps_step::{Exchange, PsStep};
 use tandem_api::TrainingJobSpec;
 use tandem_api::contract::Endpoint;
 
@@ -34,7 +34,7 @@ fn spec(algorithm: &str, steps: u64, replicas: u32) -> serde_json::Value {
 }
 
 fn trainer(spec: &TrainingJobSpec, rank: usize, world: usize) -> Trainer {
-    let data = tandem::data::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap();
+    let data = tandem::compute::data::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap();
     Trainer::new(spec, data, &Device::Cpu, rank, world).unwrap()
 }
 

@@ -5,9 +5,9 @@
 use crate::trainer_support;
 
 use candle_core::Device;
-use tandem::data;
-use tandem::optim::Optimizer;
-use tandem::train::{LocalStep, Trainer};
+use tandem::compute::data;
+use tandem::compute::optim::Optimizer;
+use tandem::compute::train::{LocalStep, Trainer};
 use tandem_api::TrainingJobSpec;
 
 fn trainer(spec: &TrainingJobSpec) -> (Trainer, LocalStep) {

@@ -22,8 +22,25 @@ use std::path::{Path, PathBuf};
 
 use tandem_api::{DataSource, DataSpec};
 
-use crate::model::InputShape;
-use crate::rng::Rng;
+use crate::compute::rng::Rng;
+
+/// Shape of one input sample: channels × height × width (an MLP sees it flattened).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InputShape {
+    /// Channels.
+    pub channels: usize,
+    /// Height in pixels.
+    pub height: usize,
+    /// Width in pixels.
+    pub width: usize,
+}
+
+impl InputShape {
+    /// Values per sample.
+    pub fn features(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+}
 
 /// Errors while reading or batching data.
 #[derive(Debug, thiserror::Error)]

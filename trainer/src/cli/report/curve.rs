@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::train::Event;
+use tandem::compute::train::Event;
 
 /// Points collected during a run.
 #[derive(Clone, Debug, Default, PartialEq)]

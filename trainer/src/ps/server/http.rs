@@ -2,7 +2,7 @@
 //! `status.progress`, and what a person or Prometheus reads while a job runs.
 //!
 //! Expected flow: `tandem ps` binds a [`StatusListener`] next to its shard
-//! ([`tandem_api::contract::STATUS_PORT`]) and hands it to [`super::server::Server::run`], which
+//! ([`tandem_api::contract::STATUS_PORT`]) and hands it to [`super::Server::run`], which
 //! serves it beside the training protocol and answers each request from the shard's state.
 //!
 //! Routes (HTTP/1.1, one request per connection, `Connection: close`):

@@ -8,7 +8,7 @@
 
 use std::io::{IsTerminal, Write};
 
-use super::Event;
+use tandem::runner::Event;
 
 /// Renders events as they come.
 pub struct Display {

@@ -1,5 +1,7 @@
 //! The parameter-server process: binds, accepts bounded connections, feeds the shard state
-//! machine and carries out what it asks (send, close, checkpoint).
+//! machine ([`state`]) and carries out what it asks (send, close, checkpoint); the update rule a
+//! shard runs ([`optim`]), its checkpoints ([`checkpoint`]) and its HTTP status endpoint
+//! ([`http`]) are its internals, which only `tandem ps` uses.
 //!
 //! Expected flow: [`Server::bind`] restores the newest intact checkpoint of its shard (if any),
 //! then [`Server::run`] serves until the `shutdown` future completes, then writes a last
@@ -11,8 +13,13 @@
 //! and wrong tokens are refused, logged and (where the stream is lost) the connection closed,
 //! while every other connection is served as before. A connection that says nothing within the
 //! hello timeout is closed. At most `max_connections` are open; more wait in the accept queue.
-//! With [`Server::with_status`] it also serves the HTTP status endpoint ([`super::http`]), whose
+//! With [`Server::with_status`] it also serves the HTTP status endpoint ([`http`]), whose
 //! queries the same task answers between frames; the training service never waits for it.
+
+pub mod checkpoint;
+pub mod http;
+pub mod optim;
+pub mod state;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,10 +33,10 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
-use super::checkpoint::{self, CheckpointError};
-use super::http::{self, StatusDocument, StatusListener};
-use super::state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
-use super::wire::{self, Frame, HEADER_LEN, Peer, WireError};
+use crate::ps::wire::{self, Frame, HEADER_LEN, Peer, WireError};
+use checkpoint::CheckpointError;
+use http::{StatusDocument, StatusListener};
+use state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
 
 /// How a server runs.
 #[derive(Clone, Debug)]
@@ -130,7 +137,7 @@ impl Server {
         Ok(Self { listener, state, config, status: None })
     }
 
-    /// Also serves the HTTP status endpoint on `listener` while running (see [`super::http`]).
+    /// Also serves the HTTP status endpoint on `listener` while running (see [`http`]).
     pub fn with_status(mut self, listener: StatusListener) -> Self {
         self.status = Some(listener);
         self

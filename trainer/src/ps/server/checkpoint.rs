@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use tandem_api::OptimizerKind;
 
 use super::state::Snapshot;
-use super::wire::Progress;
-use crate::optim::OptimizerState;
+use crate::compute::optim::OptimizerState;
+use crate::ps::wire::Progress;
 use crate::util::fs;
 
 const MAGIC: &[u8; 8] = b"TPSCKPT1";

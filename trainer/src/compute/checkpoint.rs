@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use sha2::{Digest, Sha256};
 
-use crate::data::DataCursor;
-use crate::optim::OptimizerState;
+use crate::compute::data::DataCursor;
+use crate::compute::optim::OptimizerState;
 use crate::util::fs;
 use crate::util::token::hex;
 

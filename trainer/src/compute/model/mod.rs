@@ -3,7 +3,7 @@
 //!
 //! Each model keeps one candle [`Var`] per tensor (candle's backward of a view into one big variable
 //! would allocate full-size zero gradients per view) and exposes them through a [`FlatLayout`]: see
-//! [`crate::flat`] for the order. Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …).
+//! [`crate::compute::params`] for the order. Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …).
 //!
 //! Devices: the CPU always; CUDA only when built with the `cuda` feature *and* a CUDA driver is
 //! present at run time ([`select_device`] checks before touching the driver, which panics when absent).
@@ -11,8 +11,9 @@
 use candle_core::{DType, Device, Tensor, Var};
 use tandem_api::{ModelKind, ModelSpec};
 
-use crate::flat::{self, FlatError, FlatLayout};
-use crate::rng::Rng;
+use crate::compute::data::InputShape;
+use crate::compute::params::{self as flat, FlatError, FlatLayout};
+use crate::compute::rng::Rng;
 
 /// Errors while building or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -82,24 +83,6 @@ fn cuda_device() -> Option<Device> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_device() -> Option<Device> {
     None
-}
-
-/// Shape of one input sample: channels × height × width (an MLP sees it flattened).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct InputShape {
-    /// Channels.
-    pub channels: usize,
-    /// Height in pixels.
-    pub height: usize,
-    /// Width in pixels.
-    pub width: usize,
-}
-
-impl InputShape {
-    /// Values per sample.
-    pub fn features(&self) -> usize {
-        self.channels * self.height * self.width
-    }
 }
 
 #[derive(Clone, Debug)]

@@ -1,10 +1,10 @@
 //! One parameter-server shard as a protocol state machine: frames in, frames out, no I/O.
 //!
-//! The driver ([`super::server`]) feeds it [`ShardState::connect`], [`ShardState::handle`] and
+//! The driver ([`super`]) feeds it [`ShardState::connect`], [`ShardState::handle`] and
 //! [`ShardState::disconnect`] events per connection (a *session*) and carries out the returned
 //! [`Output`]s; tests feed it the same events from a simulated network.
 //!
-//! Expected flow: see [`super`]. Every session must start with a hello carrying the job token;
+//! Expected flow: see [`crate::ps`]. Every session must start with a hello carrying the job token;
 //! anything else, or a wrong token, is refused and the session closed.
 //!
 //! Guarantees, per [`Mode`]:
@@ -33,13 +33,13 @@ use std::ops::Range;
 use serde::Serialize;
 use tandem_api::job::OptimizerSpec;
 
-use crate::optim::OptimizerState;
+use crate::compute::optim::OptimizerState;
 use crate::util::token;
 
-use super::Mode;
 use super::optim::ShardOptimizer;
-use super::shard;
-use super::wire::{ErrorCode, Frame, Peer, Progress, WireError};
+use crate::ps::Mode;
+use crate::ps::shard;
+use crate::ps::wire::{ErrorCode, Frame, Peer, Progress, WireError};
 
 /// Identifies one connection for the lifetime of a server.
 pub type SessionId = u64;
@@ -657,7 +657,7 @@ impl ShardState {
         out: &mut Vec<Output>,
         session: SessionId,
         group: u32,
-        kind: super::wire::PushKind,
+        kind: crate::ps::wire::PushKind,
         offset: u64,
         values: Vec<f32>,
     ) {

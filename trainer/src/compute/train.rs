@@ -18,12 +18,11 @@ use std::time::Instant;
 use candle_core::Device;
 use tandem_api::TrainingJobSpec;
 
-use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
-use crate::comm::CommError;
-use crate::data::{DataCursor, DataError, Dataset, Loader, Splits};
-use crate::model::{BatchStats, Model, ModelError};
-use crate::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
-use crate::rng::Rng;
+use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
+use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Splits};
+use crate::compute::model::{BatchStats, Model, ModelError};
+use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
+use crate::compute::rng::Rng;
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]
@@ -57,14 +56,6 @@ pub enum TrainError {
     /// Another process of the job was lost (a peer rank, a parameter server); retryable.
     #[error("{0}")]
     PeerLost(String),
-}
-
-impl TrainError {
-    /// A failed group collective: [`TrainError::PeerLost`] when a peer rank was lost.
-    pub fn collective(e: CommError) -> Self {
-        let message = format!("group collective: {e}");
-        if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
-    }
 }
 
 /// How a computed gradient becomes new parameters: apply it locally, or combine it with other ranks

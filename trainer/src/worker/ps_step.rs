@@ -4,7 +4,7 @@
 //! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
 //! join, pull the current weights, allgather them, so a group that joins late starts from the
 //! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
-//! [`crate::train::Trainer::step`] with this step every iteration.
+//! [`crate::compute::train::Trainer::step`] with this step every iteration.
 //!
 //! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
 //! from its clock on joining (the shards' update count, which every member group has reached,
@@ -30,12 +30,12 @@ use std::ops::Range;
 
 use tandem_api::OptimizerSpec;
 
-use super::Mode;
-use super::client::{ClientError, PsClient};
-use super::wire::Peer;
 use crate::comm::{Communicator, ReduceOp, block_range};
-use crate::optim::{Optimizer, OptimizerState};
-use crate::train::{GradientStep, TrainError};
+use crate::compute::optim::{Optimizer, OptimizerState};
+use crate::compute::train::{GradientStep, TrainError};
+use crate::ps::Mode;
+use crate::ps::client::{ClientError, PsClient};
+use crate::ps::wire::Peer;
 
 /// What a group does with its gradient.
 #[derive(Clone, Debug)]
@@ -108,12 +108,12 @@ impl<C: Communicator> PsStep<C> {
         };
         // Steps travel as two exact f32 halves of 24 bits; rank 0's count is the group's.
         let mut at = [(start_step >> 24) as f32, (start_step & 0xff_ffff) as f32];
-        comm.broadcast(&mut at, 0).map_err(TrainError::collective)?;
+        comm.broadcast(&mut at, 0).map_err(super::collective)?;
         let start_step = ((at[0] as u64) << 24) | at[1] as u64;
         if !block.is_empty() {
             client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
         }
-        comm.allgather(params).map_err(TrainError::collective)?;
+        comm.allgather(params).map_err(super::collective)?;
         let local = match &exchange {
             Exchange::Elastic { optimizer, .. } => Some(Optimizer::new(optimizer, params.len())),
             Exchange::Gradient => None,
@@ -149,8 +149,7 @@ impl<C: Communicator> GradientStep for PsStep<C> {
         let b = self.block.clone();
         match &self.exchange {
             Exchange::Gradient => {
-                let got =
-                    self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(TrainError::collective)?;
+                let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
                 if got != b {
                     return Err(TrainError::Step(format!(
                         "reduce-scatter returned block {got:?}, expected {b:?}"
@@ -160,11 +159,11 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                     self.client.push(b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
                     self.client.pull(b.start as u64, &mut params[b.clone()]).map_err(ps_err)?;
                 }
-                self.comm.allgather(params).map_err(TrainError::collective)?;
+                self.comm.allgather(params).map_err(super::collective)?;
             }
             Exchange::Elastic { alpha, tau, .. } => {
                 let (alpha, tau) = (*alpha, (*tau).max(1));
-                self.comm.allreduce(grads, ReduceOp::Average).map_err(TrainError::collective)?;
+                self.comm.allreduce(grads, ReduceOp::Average).map_err(super::collective)?;
                 if let Some(opt) = self.local.as_mut() {
                     opt.step(params, grads, lr)?;
                 }
@@ -179,7 +178,7 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                         }
                         self.client.push(b.start as u64, &self.scratch).map_err(ps_err)?;
                     }
-                    self.comm.allgather(params).map_err(TrainError::collective)?;
+                    self.comm.allgather(params).map_err(super::collective)?;
                 }
             }
         }
