@@ -9,10 +9,10 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
+use super::DeviceArg;
 use crate::cli::report::curve::Curve;
 use anyhow::{Context, bail};
 use tandem::compute::data;
-use tandem::compute::model::{DeviceChoice, select_device};
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
 use tandem_api::TrainingJob;
@@ -42,8 +42,8 @@ pub struct Args {
     #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
     /// Compute device.
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
     /// Continue from the newest checkpoint in the output folder, if there is one.
     #[arg(long)]
     pub resume: bool,
@@ -72,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
-    let device = select_device(args.device)?;
+    let device = args.device.select()?;
     let data = data::load(&spec.data, &args.data_dir, spec.training.seed)?;
     let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));

@@ -8,9 +8,9 @@
 
 use std::path::PathBuf;
 
+use super::DeviceArg;
 use anyhow::{Context, bail};
 use tandem::comm::Communicator;
-use tandem::compute::model::{DeviceChoice, select_device};
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
 use tandem_api::contract::Role;
@@ -22,8 +22,8 @@ pub struct Args {
     #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
     /// Compute device.
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
 }
 
 /// Runs `tandem worker`. A worker that failed because another process of the job was lost
@@ -46,7 +46,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
     let Role::Worker { group, rank } = env.role else {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
-    let device = select_device(args.device)?;
+    let device = args.device.select()?;
     let mut place =
         Place { group, rank, attempt: env.attempt, bind: env.bind.clone(), output: env.output.clone() };
     match job.spec.workers.backend {
@@ -79,7 +79,7 @@ fn train<C: Communicator>(
     place: &Place,
     token: &str,
     args: &Args,
-    device: &candle_core::Device,
+    device: &tandem::compute::device::Device,
     comm: C,
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);

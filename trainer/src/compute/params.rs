@@ -1,23 +1,29 @@
-//! The flat view of a model: every parameter (and every gradient) as one contiguous `f32` buffer —
-//! the unit that collectives, the parameter server and checkpoints move.
+//! The parameter store: every trainable parameter, every non-trainable state value (e.g. batch
+//! normalisation's running statistics) and every gradient of a model as flat `f32` buffers — the
+//! unit that collectives, the parameter server and checkpoints move — with the [`FlatLayout`]s
+//! that name their parts.
 //!
-//! Order (fixed, part of the wire and checkpoint format): tensors in the order the model declares them,
-//! which is forward order, weight before bias (e.g. `fc1.weight`, `fc1.bias`, `fc2.weight`, …); inside a
-//! tensor, row-major (C) order. [`FlatLayout`] records name, shape and offset of each tensor, so the PS
-//! can split the buffer by key range and a checkpoint can be checked against the model that loads it.
+//! Order (fixed, part of the wire and checkpoint format): tensors in the order the model declares
+//! them, which is forward order, weight before bias (e.g. `fc1.weight`, `fc1.bias`, `fc2.weight`,
+//! …); inside a tensor, row-major (C) order. The state has a layout of its own, in the same
+//! order, and is empty for models without state (today's MLP and CNN).
 //!
-//! Guarantees: `write_params(read_params())` leaves the weights bit-for-bit unchanged; the flat gradient
-//! holds exactly the per-tensor gradients at their layout offsets (zeros for a tensor with no gradient).
-//! Reads copy straight out of CPU storage without intermediate tensors.
-
-use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, Device, Storage, Tensor, Var};
+//! How the two parts travel: the trainable parameters are what optimizers update, locally or on
+//! the parameter servers; the state is carried beside them and never passes through an optimizer.
+//! Checkpoints store both (state tensors are named `state.<name>`); an allreduce group averages
+//! its ranks' state after every step and resumes it from rank 0's checkpoint; parameter servers
+//! hold it after the parameters in one vector ([`ParamStore::exchange_len`]) and set it to what
+//! the groups push (the mean of the member groups in sync mode) instead of running the optimizer
+//! on it, so a group restarted from the servers gets it back with the weights.
+//!
+//! Guarantees: the buffers always have their layouts' lengths; the gradient buffer has the
+//! parameters' length.
 
 /// Errors of the flat view.
 #[derive(Debug, thiserror::Error)]
 pub enum FlatError {
     /// A buffer does not have the layout's length.
-    #[error("flat buffer has {got} values but the model has {expected} parameters ({what})")]
+    #[error("flat buffer of {what} has {got} values but the model has {expected}")]
     Length {
         /// Which buffer.
         what: &'static str,
@@ -25,14 +31,6 @@ pub enum FlatError {
         expected: usize,
         /// Actual length.
         got: usize,
-    },
-    /// candle failed while copying a tensor.
-    #[error("copying tensor {name} through the flat buffer: {source}")]
-    Tensor {
-        /// Tensor name.
-        name: String,
-        /// candle's error.
-        source: candle_core::Error,
     },
 }
 
@@ -90,73 +88,136 @@ impl FlatLayout {
         &buf[e.offset..e.offset + e.len]
     }
 
-    fn check(&self, what: &'static str, got: usize) -> Result<(), FlatError> {
+    /// Refuses a buffer of another length than the layout's.
+    pub fn check(&self, what: &'static str, got: usize) -> Result<(), FlatError> {
         if got == self.len { Ok(()) } else { Err(FlatError::Length { what, expected: self.len, got }) }
     }
 }
 
-/// Copies a tensor's values into `out` (same element count), straight from CPU storage when it can.
-fn copy_out(name: &str, t: &Tensor, out: &mut [f32]) -> Result<(), FlatError> {
-    let err = |source| FlatError::Tensor { name: name.to_owned(), source };
-    {
-        let (storage, layout) = t.storage_and_layout();
-        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets())
-            && b - a == out.len()
-        {
-            out.copy_from_slice(&v[a..b]);
-            return Ok(());
+/// The flat buffers of one model replica: parameters, state and gradients.
+///
+/// The buffers live in host memory: that is where collectives, parameter servers and checkpoints
+/// read them. A model computing on another device keeps its working copies there and reads and
+/// writes these at the edges of a step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParamStore {
+    layout: FlatLayout,
+    state_layout: FlatLayout,
+    params: Vec<f32>,
+    state: Vec<f32>,
+    grads: Vec<f32>,
+}
+
+/// The three buffers of a [`ParamStore`], borrowed at once.
+#[derive(Debug)]
+pub struct Parts<'a> {
+    /// Trainable parameters.
+    pub params: &'a mut [f32],
+    /// Non-trainable state.
+    pub state: &'a mut [f32],
+    /// Gradients of the parameters.
+    pub grads: &'a mut [f32],
+}
+
+impl ParamStore {
+    /// Zeroed buffers for `layout` (parameters) and `state_layout` (state).
+    pub fn new(layout: FlatLayout, state_layout: FlatLayout) -> Self {
+        Self {
+            params: vec![0.0; layout.len()],
+            grads: vec![0.0; layout.len()],
+            state: vec![0.0; state_layout.len()],
+            layout,
+            state_layout,
         }
     }
-    // Other devices or strided tensors: one copy through the host.
-    let v =
-        t.flatten_all().and_then(|t| t.to_dtype(candle_core::DType::F32)).and_then(|t| t.to_vec1::<f32>());
-    let v = v.map_err(err)?;
-    if v.len() != out.len() {
-        return Err(FlatError::Length { what: "tensor", expected: out.len(), got: v.len() });
-    }
-    out.copy_from_slice(&v);
-    Ok(())
-}
 
-/// Copies every parameter into `out`, in layout order.
-pub fn read_params(layout: &FlatLayout, vars: &[Var], out: &mut [f32]) -> Result<(), FlatError> {
-    layout.check("parameters", out.len())?;
-    for (e, var) in layout.entries.iter().zip(vars) {
-        copy_out(&e.name, var.as_tensor(), &mut out[e.offset..e.offset + e.len])?;
+    /// Names and shapes of the parameters.
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
     }
-    Ok(())
-}
 
-/// Sets every parameter from `src`, in layout order.
-pub fn write_params(
-    layout: &FlatLayout,
-    vars: &[Var],
-    src: &[f32],
-    device: &Device,
-) -> Result<(), FlatError> {
-    layout.check("parameters", src.len())?;
-    for (e, var) in layout.entries.iter().zip(vars) {
-        let t = Tensor::from_slice(&src[e.offset..e.offset + e.len], e.shape.as_slice(), device);
-        t.and_then(|t| var.set(&t)).map_err(|source| FlatError::Tensor { name: e.name.clone(), source })?;
+    /// Names and shapes of the state.
+    pub fn state_layout(&self) -> &FlatLayout {
+        &self.state_layout
     }
-    Ok(())
-}
 
-/// Copies the gradient of every parameter into `out`, in layout order; a parameter without a
-/// gradient (unused in the loss) gets zeros.
-pub fn read_grads(
-    layout: &FlatLayout,
-    vars: &[Var],
-    grads: &GradStore,
-    out: &mut [f32],
-) -> Result<(), FlatError> {
-    layout.check("gradients", out.len())?;
-    for (e, var) in layout.entries.iter().zip(vars) {
-        let dst = &mut out[e.offset..e.offset + e.len];
-        match grads.get(var.as_tensor()) {
-            Some(g) => copy_out(&e.name, g, dst)?,
-            None => dst.fill(0.0),
+    /// The parameters.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// The state.
+    pub fn state(&self) -> &[f32] {
+        &self.state
+    }
+
+    /// The gradient of the last computed batch.
+    pub fn grads(&self) -> &[f32] {
+        &self.grads
+    }
+
+    /// All three buffers, mutably.
+    pub fn parts(&mut self) -> Parts<'_> {
+        Parts { params: &mut self.params, state: &mut self.state, grads: &mut self.grads }
+    }
+
+    /// Length of the vector a parameter server holds for this model: parameters, then state.
+    pub fn exchange_len(&self) -> usize {
+        self.params.len() + self.state.len()
+    }
+
+    /// Sets the parameters from `params` and the state from `state`.
+    pub fn set(&mut self, params: &[f32], state: &[f32]) -> Result<(), FlatError> {
+        self.layout.check("parameters", params.len())?;
+        self.state_layout.check("state", state.len())?;
+        self.params.copy_from_slice(params);
+        self.state.copy_from_slice(state);
+        Ok(())
+    }
+
+    /// Parameters then state, as one vector (what a parameter server holds).
+    pub fn joined(&self) -> Vec<f32> {
+        let mut v = Vec::with_capacity(self.exchange_len());
+        v.extend_from_slice(&self.params);
+        v.extend_from_slice(&self.state);
+        v
+    }
+
+    /// Sets parameters and state from a [`ParamStore::joined`] vector.
+    pub fn set_joined(&mut self, joined: &[f32]) -> Result<(), FlatError> {
+        if joined.len() != self.exchange_len() {
+            return Err(FlatError::Length {
+                what: "parameters and state",
+                expected: self.exchange_len(),
+                got: joined.len(),
+            });
         }
+        let (params, state) = joined.split_at(self.params.len());
+        self.set(params, state)
     }
-    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_travels_beside_the_parameters_and_lengths_are_checked() {
+        let layout = FlatLayout::new([("w", &[2usize, 2][..]), ("b", &[2][..])]);
+        let state_layout = FlatLayout::new([("bn.running_mean", &[3usize][..])]);
+        let mut store = ParamStore::new(layout, state_layout);
+        assert_eq!((store.params().len(), store.state().len(), store.exchange_len()), (6, 3, 9));
+        let joined: Vec<f32> = (0..9).map(|i| i as f32).collect();
+        store.set_joined(&joined).unwrap();
+        assert_eq!(store.params(), &joined[..6]);
+        assert_eq!(store.state(), &joined[6..]);
+        assert_eq!(store.joined(), joined);
+        assert!(store.set_joined(&joined[1..]).is_err());
+        assert!(store.set(&joined[..6], &joined[..2]).is_err());
+        let parts = store.parts();
+        parts.grads[0] = 1.0;
+        assert_eq!(store.grads()[0], 1.0);
+        assert_eq!(store.state_layout().entries()[0].name, "bn.running_mean");
+    }
 }

@@ -15,14 +15,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::Device;
 use tandem_api::TrainingJobSpec;
 
 use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
-use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Splits};
-use crate::compute::model::{BatchStats, Model, ModelError};
+use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Source, Splits};
+use crate::compute::device::Device;
+use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
 use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
-use crate::compute::rng::Rng;
+use crate::compute::params::{FlatError, ParamStore};
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +39,9 @@ pub enum TrainError {
     /// Checkpoint I/O.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A flat buffer does not fit the model.
+    #[error(transparent)]
+    Flat(#[from] FlatError),
     /// The job cannot be trained as configured.
     #[error("{0}")]
     Config(String),
@@ -205,11 +208,10 @@ pub struct RunOptions {
 /// Single-rank training state: model, data, flat buffers, schedule, position.
 #[derive(Debug)]
 pub struct Trainer {
-    model: Model,
-    loader: Loader,
+    model: Box<dyn Model>,
+    loader: Box<dyn Source>,
     test: Dataset,
-    params: Vec<f32>,
-    grads: Vec<f32>,
+    store: ParamStore,
     schedule: LrSchedule,
     step: u64,
     total_steps: u64,
@@ -217,7 +219,6 @@ pub struct Trainer {
     eval_every: u64,
     checkpoint_every: u64,
     config_hash: String,
-    rng: Rng,
     x: Vec<f32>,
     y: Vec<u32>,
 }
@@ -231,11 +232,24 @@ impl Trainer {
         rank: usize,
         world: usize,
     ) -> Result<Self, TrainError> {
+        let Splits { train, test } = data;
+        let classes = train.classes.max(test.classes);
+        let model = model::build(&spec.model, train.shape, classes, spec.training.seed, device)?;
+        let loader = Loader::new(train, spec.data.batch_size as usize, spec.training.seed, rank, world)?;
+        Self::with_parts(spec, model, Box::new(loader), test, world)
+    }
+
+    /// A trainer for `spec` with its parts given: the model, this rank's training batches and
+    /// the test set, as one of `world` data-parallel ranks.
+    pub fn with_parts(
+        spec: &TrainingJobSpec,
+        model: Box<dyn Model>,
+        loader: Box<dyn Source>,
+        test: Dataset,
+        world: usize,
+    ) -> Result<Self, TrainError> {
         let t = &spec.training;
         let batch_size = spec.data.batch_size as usize;
-        let Splits { train, test } = data;
-        let model = Model::new(&spec.model, train.shape, train.classes.max(test.classes), t.seed, device)?;
-        let loader = Loader::new(train, batch_size, t.seed, rank, world)?;
         let total_steps = match (t.steps, t.epochs) {
             (Some(s), _) => s,
             (None, Some(e)) => e as u64 * loader.batches_per_epoch(),
@@ -245,8 +259,9 @@ impl Trainer {
                 ));
             }
         };
-        let mut params = vec![0.0; model.num_params()];
-        model.read_params(&mut params)?;
+        let mut store = ParamStore::new(model.layout().clone(), model.state_layout().clone());
+        let parts = store.parts();
+        model.init(parts.params, parts.state)?;
         let config = serde_json::json!({
             "model": spec.model,
             "data": spec.data,
@@ -259,8 +274,7 @@ impl Trainer {
             "world": world,
         });
         Ok(Self {
-            grads: vec![0.0; params.len()],
-            params,
+            store,
             schedule: LrSchedule::new(t.optimizer.learning_rate, &t.optimizer.schedule, total_steps),
             model,
             loader,
@@ -271,32 +285,35 @@ impl Trainer {
             eval_every: t.eval_every_steps,
             checkpoint_every: t.checkpoint.every_steps,
             config_hash: checkpoint::config_hash(&config),
-            rng: Rng::derive(t.seed, 0x7a1),
             x: Vec::new(),
             y: Vec::new(),
         })
     }
 
     /// The model.
-    pub fn model(&self) -> &Model {
-        &self.model
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
     }
 
-    /// The flat parameters (equal to the model's weights).
+    /// The flat parameters, state and gradients.
+    pub fn store(&self) -> &ParamStore {
+        &self.store
+    }
+
+    /// The flat parameters.
     pub fn params(&self) -> &[f32] {
-        &self.params
+        self.store.params()
     }
 
-    /// Replaces the parameters (e.g. weights pulled from a parameter server).
+    /// Replaces the parameters (e.g. weights pulled from a parameter server); the state stays.
     pub fn set_params(&mut self, src: &[f32]) -> Result<(), TrainError> {
-        self.model.write_params(src)?;
-        self.params.copy_from_slice(src);
-        Ok(())
+        let state = self.store.state().to_vec();
+        Ok(self.store.set(src, &state)?)
     }
 
     /// The flat gradient of the last computed batch.
     pub fn grads(&self) -> &[f32] {
-        &self.grads
+        self.store.grads()
     }
 
     /// Steps completed.
@@ -332,8 +349,10 @@ impl Trainer {
     /// Computes the loss and flat gradient of the next batch (available through [`Trainer::grads`])
     /// without changing the parameters.
     pub fn compute_gradient(&mut self) -> Result<(BatchStats, DataCursor), TrainError> {
-        let at = self.loader.next_batch(&mut self.x, &mut self.y);
-        let stats = self.model.loss_and_grad(&self.x, &self.y, &mut self.grads)?;
+        let at = self.loader.next_batch(&mut self.x, &mut self.y)?;
+        let parts = self.store.parts();
+        let batch = Batch { features: &self.x, labels: &self.y };
+        let stats = self.model.forward_backward(parts.params, parts.state, parts.grads, batch)?;
         if !stats.loss.is_finite() {
             return Err(TrainError::Diverged { step: self.step, loss: stats.loss });
         }
@@ -344,8 +363,8 @@ impl Trainer {
     pub fn step(&mut self, update: &mut dyn GradientStep) -> Result<StepReport, TrainError> {
         let (batch, at) = self.compute_gradient()?;
         let lr = self.schedule.at(self.step);
-        update.apply(self.step, lr, &mut self.params, &mut self.grads)?;
-        self.model.write_params(&self.params)?;
+        let parts = self.store.parts();
+        update.apply(self.step, lr, parts.params, parts.grads)?;
         self.step += 1;
         Ok(StepReport { step: self.step, epoch: at.epoch, lr, batch })
     }
@@ -361,15 +380,17 @@ impl Trainer {
     }
 
     /// Loss and accuracy on the test set.
-    pub fn evaluate(&self) -> Result<Evaluation, TrainError> {
+    pub fn evaluate(&mut self) -> Result<Evaluation, TrainError> {
         let d = self.test.shape.features();
         let (mut loss, mut correct) = (0.0f64, 0usize);
         const CHUNK: usize = 500;
         for start in (0..self.test.len()).step_by(CHUNK) {
             let end = (start + CHUNK).min(self.test.len());
-            let s = self
-                .model
-                .evaluate(&self.test.features[start * d..end * d], &self.test.labels[start..end])?;
+            let batch = Batch {
+                features: &self.test.features[start * d..end * d],
+                labels: &self.test.labels[start..end],
+            };
+            let s = self.model.evaluate(self.store.params(), self.store.state(), batch)?;
             loss += s.loss as f64 * s.samples as f64;
             correct += s.correct;
         }
@@ -388,7 +409,7 @@ impl Trainer {
             .map(|(i, e)| NamedTensor {
                 name: e.name.clone(),
                 shape: e.shape.clone(),
-                values: self.model.layout().slice(&self.params, i).to_vec(),
+                values: self.model.layout().slice(self.store.params(), i).to_vec(),
             })
             .collect();
         let meta = CheckpointMeta {
@@ -397,7 +418,7 @@ impl Trainer {
             step: self.step,
             epoch: self.loader.cursor().epoch,
             config_hash: self.config_hash.clone(),
-            rng: Some(self.rng.state()),
+            rng: None,
             cursor: Some(self.loader.cursor()),
             optimizer: update.optimizer_state(),
             range: None,
@@ -426,7 +447,7 @@ impl Trainer {
     ) -> Result<(), TrainError> {
         ckpt.expect(path, WORKER_CHECKPOINT, &self.config_hash)?;
         let mismatch = |reason: String| CheckpointError::Mismatch { path: path.to_owned(), reason };
-        let mut params = vec![0.0; self.params.len()];
+        let mut params = vec![0.0; self.store.params().len()];
         for (i, e) in self.model.layout().entries().iter().enumerate() {
             let t = ckpt.tensor(&e.name).ok_or_else(|| mismatch(format!("no tensor {}", e.name)))?;
             if t.shape != e.shape {
@@ -446,9 +467,6 @@ impl Trainer {
         self.loader.seek(cursor)?;
         self.set_params(&params)?;
         self.step = ckpt.meta.step;
-        if let Some(s) = ckpt.meta.rng {
-            self.rng = Rng::from_state(s);
-        }
         Ok(())
     }
 
@@ -464,11 +482,11 @@ impl Trainer {
         let mut train_time = 0.0f64;
         let first_step = self.step;
         on_event(&Event::Started {
-            parameters: self.model.num_params(),
+            parameters: self.model.layout().len(),
             total_steps: self.total_steps,
             steps_per_epoch: self.steps_per_epoch(),
             step: self.step,
-            device: format!("{:?}", self.model.device()),
+            device: self.model.device().to_string(),
         });
         let log_every =
             if opts.log_every > 0 { opts.log_every } else { (self.total_steps / 100).clamp(1, 50) };

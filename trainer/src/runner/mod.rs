@@ -35,10 +35,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use candle_core::Device;
 use tandem_api::contract::{self, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
 use tandem_api::{Backend, TrainingJobSpec};
 
+use crate::compute::device::Device;
 use crate::compute::train::Trainer;
 use crate::ps::client::{ClientConfig, PsClient};
 use chaos::Chaos;

@@ -34,12 +34,12 @@ pub mod ps_step;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
 use tandem_api::Algorithm;
 use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
 use crate::comm::{CommError, Communicator, ReduceOp};
+use crate::compute::device::Device;
 use crate::compute::train::{GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::ps::wire::Progress;

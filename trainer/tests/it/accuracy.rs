@@ -5,8 +5,8 @@
 
 use crate::trainer_support;
 
-use candle_core::Device;
 use tandem::compute::data;
+use tandem::compute::device::Device;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
 

@@ -2,25 +2,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use tandem::compute::data::InputShape;
 use tandem::compute::data::synthetic;
-use tandem::compute::model::Model;
+use tandem::compute::device::Device;
+use tandem::compute::model::{Model, Net};
 use tandem_api::{ModelKind, ModelSpec};
 
-fn models() -> Vec<Model> {
+fn models() -> Vec<Net> {
     let shape = InputShape { channels: 1, height: 8, width: 8 };
     let mlp = ModelSpec { kind: ModelKind::Mlp, hidden: vec![16, 12], channels: vec![4, 6] };
     let cnn = ModelSpec { kind: ModelKind::Cnn, hidden: vec![10], channels: vec![3, 5] };
     vec![
-        Model::new(&mlp, shape, 10, 1, &Device::Cpu).unwrap(),
-        Model::new(&cnn, shape, 10, 1, &Device::Cpu).unwrap(),
+        Net::new(&mlp, shape, 10, 1, &Device::Cpu).unwrap(),
+        Net::new(&cnn, shape, 10, 1, &Device::Cpu).unwrap(),
     ]
 }
 
 #[test]
 fn layout_is_forward_order_weight_before_bias() {
-    let [mlp, cnn] = <[Model; 2]>::try_from(models()).unwrap();
+    let [mlp, cnn] = <[Net; 2]>::try_from(models()).unwrap();
     let names: Vec<&str> = mlp.layout().entries().iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]);
     assert_eq!(mlp.num_params(), 64 * 16 + 16 + 16 * 12 + 12 + 12 * 10 + 10);
@@ -65,8 +66,8 @@ fn flat_gradient_equals_per_tensor_gradients() {
         let mut flat = vec![f32::NAN; m.num_params()];
         m.loss_and_grad(&data.features, &data.labels, &mut flat).unwrap();
         // The same loss through candle directly.
-        let x = Tensor::from_slice(&data.features, (32, 64), &Device::Cpu).unwrap();
-        let y = Tensor::from_slice(&data.labels, 32, &Device::Cpu).unwrap();
+        let x = Tensor::from_slice(&data.features, (32, 64), &candle_core::Device::Cpu).unwrap();
+        let y = Tensor::from_slice(&data.labels, 32, &candle_core::Device::Cpu).unwrap();
         let loss = candle_nn::loss::cross_entropy(&m.forward(&x).unwrap(), &y).unwrap();
         let grads = loss.backward().unwrap();
         for (e, var) in m.layout().entries().iter().zip(m.vars()) {
@@ -82,7 +83,7 @@ fn same_seed_same_weights_other_seed_other_weights() {
     let spec = ModelSpec::default();
     let shape = InputShape { channels: 1, height: 28, width: 28 };
     let read = |seed| {
-        let m = Model::new(&spec, shape, 10, seed, &Device::Cpu).unwrap();
+        let m = Net::new(&spec, shape, 10, seed, &Device::Cpu).unwrap();
         let mut p = vec![0.0; m.num_params()];
         m.read_params(&mut p).unwrap();
         p
@@ -95,9 +96,9 @@ fn same_seed_same_weights_other_seed_other_weights() {
 fn impossible_models_are_refused_with_a_reason() {
     let tiny = InputShape { channels: 1, height: 3, width: 3 };
     let cnn = ModelSpec { kind: ModelKind::Cnn, ..ModelSpec::default() };
-    let err = Model::new(&cnn, tiny, 10, 0, &Device::Cpu).unwrap_err().to_string();
+    let err = Net::new(&cnn, tiny, 10, 0, &Device::Cpu).unwrap_err().to_string();
     assert!(err.contains("4×4"), "{err}");
     let zero = ModelSpec { hidden: vec![0], ..ModelSpec::default() };
-    let err = Model::new(&zero, tiny, 10, 0, &Device::Cpu).unwrap_err().to_string();
+    let err = Net::new(&zero, tiny, 10, 0, &Device::Cpu).unwrap_err().to_string();
     assert!(err.contains("hidden"), "{err}");
 }

@@ -30,4 +30,5 @@ mod ps_worker;
 mod resume;
 mod runner_e2e;
 mod runner_policy;
+mod stream;
 mod worker_allreduce;

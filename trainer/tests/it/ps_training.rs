@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 
 use crate::ps_common::{Job, addrs, worker_config};
-use candle_core::Device;
 use tandem::comm::tcp::{self, TcpComm, TcpConfig};
+use tandem::compute::device::Device;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{LocalStep, Trainer};
 use tandem::ps::client::PsClient;
