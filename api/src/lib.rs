@@ -6,6 +6,8 @@
 
 pub mod contract;
 pub mod job;
+pub mod plan;
 
 pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
 pub use job::*;
+pub use plan::{JobPlan, PlanError, PsMode};
