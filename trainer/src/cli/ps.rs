@@ -14,10 +14,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tandem::ps::Mode;
 use tandem::ps::server::http::StatusListener;
 use tandem::ps::server::state::ShardConfig;
 use tandem::ps::server::{Server, ServerConfig};
+use tandem_api::PsMode;
 use tandem_api::contract::{self, Role};
 
 /// Arguments of `tandem ps`.
@@ -44,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("this is PS {index}, but the job config lists {replicas} parameter servers");
     };
     let training = &job.spec.training;
-    let Some(mode) = Mode::for_algorithm(training.algorithm, training.staleness) else {
+    let Some(mode) = PsMode::of(training) else {
         bail!("algorithm {:?} uses no parameter server; do not start `tandem ps` for it", training.algorithm);
     };
     let shard = ShardConfig {
@@ -54,7 +54,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         token,
         checkpoint_every: training.checkpoint.every_steps,
         optimizer: training.optimizer.clone(),
-        total_steps: training.steps,
     };
     let mut config = ServerConfig::new(shard);
     config.checkpoint_dir = Some(env.output.join(format!("ps-{index}")));

@@ -250,15 +250,8 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         let t = &spec.training;
         let batch_size = spec.data.batch_size as usize;
-        let total_steps = match (t.steps, t.epochs) {
-            (Some(s), _) => s,
-            (None, Some(e)) => e as u64 * loader.batches_per_epoch(),
-            (None, None) => {
-                return Err(TrainError::Config(
-                    "set exactly one of training.steps and training.epochs".into(),
-                ));
-            }
-        };
+        let total_steps = tandem_api::plan::total_steps(t, loader.batches_per_epoch())
+            .map_err(|e| TrainError::Config(e.to_string()))?;
         let mut store = ParamStore::new(model.layout().clone(), model.state_layout().clone());
         let parts = store.parts();
         model.init(parts.params, parts.state)?;

@@ -20,12 +20,14 @@ use std::io::{self, Read, Write};
 
 use serde::Serialize;
 
-use super::Mode;
+use tandem_api::PsMode;
 
 /// First two bytes after the length: "TP", Tandem parameter server.
 pub const MAGIC: [u8; 2] = *b"TP";
-/// Protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Protocol version this build speaks. Version 2: the hello carries the run's step count and the
+/// vector's trainable length, pushes carry no kind (the mode both sides agreed on at hello
+/// decides), and the elastic mode its α and τ.
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 8;
 /// Default largest body accepted: 16 MiB. Clients split larger pushes and pulls into pieces.
@@ -53,16 +55,6 @@ pub enum Peer {
     },
     /// A reader of status and weights (the operator, a test, a person): never a group member.
     Observer,
-}
-
-/// What a push carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PushKind {
-    /// A gradient, applied by the server's optimizer (sync and async modes).
-    Gradient,
-    /// An elastic difference `e = α·(x − centre)`, added to the centre (EASGD mode).
-    Elastic,
 }
 
 /// Training progress a worker group reports; shown by the status frame.
@@ -130,8 +122,9 @@ impl ErrorCode {
 /// One message of the protocol, in either direction.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Frame {
-    /// First frame of every connection: the job token, who is calling, and the length of the
-    /// flat parameter vector the caller trains (0 for an observer that does not know it).
+    /// First frame of every connection: the job token, who is calling, the length of the
+    /// flat parameter vector the caller trains (0 for an observer that does not know it) and the
+    /// run's step count, over which the servers' learning-rate schedule runs (0 for an observer).
     Hello {
         /// The job token.
         token: String,
@@ -139,6 +132,8 @@ pub enum Frame {
         peer: Peer,
         /// Length of the whole flat parameter vector.
         total_len: u64,
+        /// Steps of the whole run ([`tandem_api::JobPlan::total_steps`]).
+        total_steps: u64,
     },
     /// Initial weights for `offset..offset+len` (global offsets); ignored once the shard holds weights.
     Init {
@@ -151,10 +146,9 @@ pub enum Frame {
     Join,
     /// The caller's group stops being a member; its unfinished contribution is dropped.
     Leave,
-    /// A contribution for `offset..offset+len` (global offsets).
+    /// A contribution for `offset..offset+len` (global offsets): a gradient (sync and async modes)
+    /// or an elastic difference (elastic mode).
     Push {
-        /// Gradient or elastic difference.
-        kind: PushKind,
         /// Global offset of the first value.
         offset: u64,
         /// The values.
@@ -184,7 +178,7 @@ pub enum Frame {
         /// Length of the whole vector (0 while unknown).
         total_len: u64,
         /// Consistency mode.
-        mode: Mode,
+        mode: PsMode,
         /// Updates applied so far.
         version: u64,
     },
@@ -332,7 +326,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     out.push(frame.kind());
     let mut w = Writer(out);
     match frame {
-        Frame::Hello { token, peer, total_len } => {
+        Frame::Hello { token, peer, total_len, total_steps } => {
             w.string(token);
             match peer {
                 Peer::Worker { group, rank, attempt } => {
@@ -344,17 +338,14 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
                 Peer::Observer => w.u8(1),
             }
             w.u64(*total_len);
+            w.u64(*total_steps);
         }
         Frame::Init { offset, values } => {
             w.u64(*offset);
             w.floats(values);
         }
         Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left => {}
-        Frame::Push { kind, offset, values } => {
-            w.u8(match kind {
-                PushKind::Gradient => 0,
-                PushKind::Elastic => 1,
-            });
+        Frame::Push { offset, values } => {
             w.u64(*offset);
             w.floats(values);
         }
@@ -376,12 +367,16 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(*end);
             w.u64(*total_len);
             match mode {
-                Mode::Sync => w.u8(0),
-                Mode::Async { staleness } => {
+                PsMode::Sync => w.u8(0),
+                PsMode::Async { staleness } => {
                     w.u8(1);
                     w.u64(staleness.unwrap_or(u64::MAX));
                 }
-                Mode::Elastic => w.u8(2),
+                PsMode::Elastic { alpha, tau } => {
+                    w.u8(2);
+                    w.f64(*alpha);
+                    w.u64(*tau);
+                }
             }
             w.u64(*version);
         }
@@ -436,19 +431,12 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                 1 => Peer::Observer,
                 other => return Err(r.bad(format!("unknown peer kind {other}"))),
             };
-            Frame::Hello { token, peer, total_len: r.u64()? }
+            Frame::Hello { token, peer, total_len: r.u64()?, total_steps: r.u64()? }
         }
         0x02 => Frame::Init { offset: r.u64()?, values: r.floats()? },
         0x03 => Frame::Join,
         0x04 => Frame::Leave,
-        0x05 => {
-            let kind = match r.u8()? {
-                0 => PushKind::Gradient,
-                1 => PushKind::Elastic,
-                other => return Err(r.bad(format!("unknown push kind {other}"))),
-            };
-            Frame::Push { kind, offset: r.u64()?, values: r.floats()? }
-        }
+        0x05 => Frame::Push { offset: r.u64()?, values: r.floats()? },
         0x06 => Frame::Pull { offset: r.u64()?, len: r.u64()? },
         0x07 => {
             let step = r.u64()?;
@@ -467,12 +455,12 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let end = r.u64()?;
             let total_len = r.u64()?;
             let mode = match r.u8()? {
-                0 => Mode::Sync,
+                0 => PsMode::Sync,
                 1 => {
                     let s = r.u64()?;
-                    Mode::Async { staleness: (s != u64::MAX).then_some(s) }
+                    PsMode::Async { staleness: (s != u64::MAX).then_some(s) }
                 }
-                2 => Mode::Elastic,
+                2 => PsMode::Elastic { alpha: r.f64()?, tau: r.u64()? },
                 other => return Err(r.bad(format!("unknown mode {other}"))),
             };
             Frame::Welcome { shard, replicas, start, end, total_len, mode, version: r.u64()? }
@@ -575,6 +563,9 @@ impl Writer<'_> {
     fn f32(&mut self, v: f32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
+    fn f64(&mut self, v: f64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
     fn string(&mut self, s: &str) {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());
@@ -629,6 +620,9 @@ impl Reader<'_> {
     fn f32(&mut self) -> Result<f32, WireError> {
         Ok(f32::from_le_bytes(self.array("f32")?))
     }
+    fn f64(&mut self) -> Result<f64, WireError> {
+        Ok(f64::from_le_bytes(self.array("f64")?))
+    }
     fn string(&mut self) -> Result<String, WireError> {
         let len = self.u32()? as usize;
         let bytes = self.take(len, "string")?;
@@ -657,13 +651,14 @@ mod tests {
                 token: "s3cret".into(),
                 peer: Peer::Worker { group: 3, rank: 1, attempt: 2 },
                 total_len: 1234,
+                total_steps: 625,
             },
-            Frame::Hello { token: String::new(), peer: Peer::Observer, total_len: 0 },
+            Frame::Hello { token: String::new(), peer: Peer::Observer, total_len: 0, total_steps: 0 },
             Frame::Init { offset: 7, values: vec![1.0, -2.5, 3.25] },
             Frame::Join,
             Frame::Leave,
-            Frame::Push { kind: PushKind::Elastic, offset: 9, values: vec![0.5; 5] },
-            Frame::Push { kind: PushKind::Gradient, offset: 0, values: vec![] },
+            Frame::Push { offset: 9, values: vec![0.5; 5] },
+            Frame::Push { offset: 0, values: vec![] },
             Frame::Pull { offset: 4, len: 100 },
             Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640, epoch: 2 }),
             Frame::StatusRequest,
@@ -673,7 +668,7 @@ mod tests {
                 start: 5,
                 end: 10,
                 total_len: 10,
-                mode: Mode::Async { staleness: Some(2) },
+                mode: PsMode::Async { staleness: Some(2) },
                 version: 77,
             },
             Frame::Welcome {
@@ -682,8 +677,17 @@ mod tests {
                 start: 0,
                 end: 1,
                 total_len: 1,
-                mode: Mode::Async { staleness: None },
+                mode: PsMode::Async { staleness: None },
                 version: 0,
+            },
+            Frame::Welcome {
+                shard: 2,
+                replicas: 3,
+                start: 8,
+                end: 12,
+                total_len: 12,
+                mode: PsMode::Elastic { alpha: 0.45, tau: 4 },
+                version: 9,
             },
             Frame::Joined { clock: 3, version: 4 },
             Frame::Left,
@@ -751,7 +755,7 @@ mod tests {
     fn chunk_size_leaves_room_for_the_header_fields() {
         let n = max_values_per_frame(1024);
         let mut buf = Vec::new();
-        encode(&Frame::Push { kind: PushKind::Gradient, offset: u64::MAX, values: vec![0.0; n] }, &mut buf);
+        encode(&Frame::Push { offset: u64::MAX, values: vec![0.0; n] }, &mut buf);
         assert!(buf.len() - HEADER_LEN <= 1024);
     }
 }

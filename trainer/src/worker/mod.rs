@@ -34,7 +34,7 @@ pub mod ps_step;
 
 use std::path::{Path, PathBuf};
 
-use tandem_api::Algorithm;
+use tandem_api::PsMode;
 use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
@@ -44,7 +44,7 @@ use crate::compute::train::{GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::ps::wire::Progress;
 use allreduce::AllreduceStep;
-use ps_step::{Exchange, PsStep};
+use ps_step::PsStep;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
@@ -190,29 +190,21 @@ pub fn run<C: Communicator>(
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
-    let mut update = match training.algorithm {
-        Algorithm::Allreduce => {
-            Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?)
-        }
-        algorithm => {
-            let exchange = match algorithm {
-                Algorithm::Easgd => Exchange::Elastic {
-                    alpha: training.easgd.alpha as f32,
-                    tau: u64::from(training.easgd.tau),
-                    optimizer: training.optimizer.clone(),
-                },
-                _ => Exchange::Gradient,
-            };
+    let mut update = match PsMode::of(training) {
+        None => Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?),
+        Some(mode) => {
             let servers: Vec<String> = job.parameter_servers.iter().map(|e| e.to_string()).collect();
-            let client = PsClient::connect(ClientConfig::worker(
+            let config = ClientConfig::worker(
                 servers,
                 token,
                 place.group,
                 place.rank,
                 place.attempt,
                 params.len() as u64,
-            ))?;
-            Update::Ps(Box::new(PsStep::start(comm, client, exchange, &mut params)?))
+            )
+            .run(trainer.total_steps(), mode);
+            let client = PsClient::connect(config)?;
+            Update::Ps(Box::new(PsStep::start(comm, client, &training.optimizer, &mut params)?))
         }
     };
     trainer.set_params(&params)?;

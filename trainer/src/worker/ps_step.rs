@@ -33,25 +33,9 @@ use tandem_api::OptimizerSpec;
 use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError};
-use crate::ps::Mode;
 use crate::ps::client::{ClientError, PsClient};
 use crate::ps::wire::Peer;
-
-/// What a group does with its gradient.
-#[derive(Clone, Debug)]
-pub enum Exchange {
-    /// Push the averaged gradient; the PS updates (sync, async, bounded staleness).
-    Gradient,
-    /// Local updates and an elastic exchange with the PS centre every `tau` steps.
-    Elastic {
-        /// Moving rate α.
-        alpha: f32,
-        /// Steps between exchanges τ (at least 1).
-        tau: u64,
-        /// The local optimizer's settings.
-        optimizer: OptimizerSpec,
-    },
-}
+use tandem_api::PsMode;
 
 /// A group rank's link to the PS, as a [`GradientStep`].
 pub struct PsStep<C: Communicator> {
@@ -59,7 +43,7 @@ pub struct PsStep<C: Communicator> {
     client: PsClient,
     block: Range<usize>,
     start_step: u64,
-    exchange: Exchange,
+    mode: PsMode,
     local: Option<Optimizer>,
     scratch: Vec<f32>,
 }
@@ -70,28 +54,16 @@ fn ps_err(e: ClientError) -> TrainError {
 
 impl<C: Communicator> PsStep<C> {
     /// Joins the PS with this rank's block of `params` as initial weights, then replaces `params`
-    /// with the PS's current weights (the same on every rank of the group afterwards).
+    /// with the PS's current weights (the same on every rank of the group afterwards). The mode is
+    /// the servers', which the client checked against the worker's own at hello; `optimizer` is
+    /// the local optimizer of the elastic mode.
     pub fn start(
         mut comm: C,
         mut client: PsClient,
-        exchange: Exchange,
+        optimizer: &OptimizerSpec,
         params: &mut [f32],
     ) -> Result<Self, TrainError> {
-        let expected = match exchange {
-            Exchange::Gradient => "sync or async",
-            Exchange::Elastic { .. } => "elastic",
-        };
-        let fits = matches!(
-            (&exchange, client.mode()),
-            (Exchange::Gradient, Mode::Sync | Mode::Async { .. }) | (Exchange::Elastic { .. }, Mode::Elastic)
-        );
-        if !fits {
-            return Err(TrainError::Config(format!(
-                "the parameter servers run {} but this worker's algorithm needs {expected} mode; \
-                 workers and servers must read the same job config",
-                client.mode()
-            )));
-        }
+        let mode = client.mode();
         let block = block_range(params.len(), comm.size(), comm.rank());
         if !block.is_empty() {
             client.init(block.start as u64, &params[block.clone()]).map_err(ps_err)?;
@@ -99,8 +71,8 @@ impl<C: Communicator> PsStep<C> {
         let clocks = client.join().map_err(ps_err)?;
         let start_step = match client.peer() {
             Peer::Worker { group, attempt, .. } if attempt > 0 => match client.mode() {
-                Mode::Sync => clocks.iter().copied().max().unwrap_or(0),
-                Mode::Async { .. } | Mode::Elastic => {
+                PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
+                PsMode::Async { .. } | PsMode::Elastic { .. } => {
                     client.reported_step(group).map_err(ps_err)?.unwrap_or(0)
                 }
             },
@@ -114,11 +86,8 @@ impl<C: Communicator> PsStep<C> {
             client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
         }
         comm.allgather(params).map_err(super::collective)?;
-        let local = match &exchange {
-            Exchange::Elastic { optimizer, .. } => Some(Optimizer::new(optimizer, params.len())),
-            Exchange::Gradient => None,
-        };
-        Ok(Self { comm, client, block, start_step, exchange, local, scratch: Vec::new() })
+        let local = (!mode.pushes_gradients()).then(|| Optimizer::new(optimizer, params.len()));
+        Ok(Self { comm, client, block, start_step, mode, local, scratch: Vec::new() })
     }
 
     /// The step this group continues from: 0 on its first attempt, the PS's record of its
@@ -147,8 +116,8 @@ impl<C: Communicator> PsStep<C> {
 impl<C: Communicator> GradientStep for PsStep<C> {
     fn apply(&mut self, step: u64, lr: f64, params: &mut [f32], grads: &mut [f32]) -> Result<(), TrainError> {
         let b = self.block.clone();
-        match &self.exchange {
-            Exchange::Gradient => {
+        match self.mode {
+            PsMode::Sync | PsMode::Async { .. } => {
                 let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
                 if got != b {
                     return Err(TrainError::Step(format!(
@@ -161,8 +130,8 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                 }
                 self.comm.allgather(params).map_err(super::collective)?;
             }
-            Exchange::Elastic { alpha, tau, .. } => {
-                let (alpha, tau) = (*alpha, (*tau).max(1));
+            PsMode::Elastic { alpha, tau } => {
+                let (alpha, tau) = (alpha as f32, tau.max(1));
                 self.comm.allreduce(grads, ReduceOp::Average).map_err(super::collective)?;
                 if let Some(opt) = self.local.as_mut() {
                     opt.step(params, grads, lr)?;

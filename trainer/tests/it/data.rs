@@ -184,3 +184,23 @@ fn shards_are_disjoint_equal_and_reshuffled_every_epoch() {
     let err = Loader::new(d, 64, 1, 0, 2).unwrap_err().to_string();
     assert!(err.contains("batchSize"), "{err}");
 }
+
+#[test]
+fn the_job_plan_counts_the_steps_the_loader_serves() {
+    // The plan is what the parameter servers' schedule spans; the loader is what the workers run.
+    let train = synthetic(1000, InputShape { channels: 1, height: 2, width: 2 }, 3, 1);
+    for (groups, size, batch, epochs) in [(1, 1, 32, 3), (2, 2, 16, 2), (3, 1, 50, 1), (1, 4, 7, 5)] {
+        let spec = trainer_support::spec(&format!(
+            "apiVersion: tandem.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t}}\nspec:\n  data: {{batchSize: {batch}}}\n  \
+             training: {{algorithm: hybrid, epochs: {epochs}}}\n  parameterServers: {{replicas: 1}}\n  \
+             workers: {{groups: {groups}, groupSize: {size}, maxGroups: 4}}\n"
+        ));
+        let plan = tandem_api::JobPlan::resolve(&spec, train.len() as u64).unwrap();
+        let world = (groups * size) as usize;
+        for rank in 0..world {
+            let loader = Loader::new(train.clone(), batch, 7, rank, world).unwrap();
+            assert_eq!(plan.steps_per_epoch, loader.batches_per_epoch(), "{groups}x{size}, batch {batch}");
+        }
+        assert_eq!(plan.total_steps, epochs * plan.steps_per_epoch);
+    }
+}

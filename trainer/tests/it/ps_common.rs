@@ -150,6 +150,8 @@ fn unique(path: PathBuf) -> PathBuf {
 
 pub fn worker_config(servers: &[String], group: u32, rank: u32, attempt: u32, total: u64) -> ClientConfig {
     let mut c = ClientConfig::worker(servers.to_vec(), TOKEN, group, rank, attempt, total);
+    // The run of every job these tests write (`training.steps: 1000`), in any mode.
+    c.total_steps = 1000;
     c.request_timeout = Duration::from_secs(120);
     c.connect_timeout = Duration::from_secs(60);
     c

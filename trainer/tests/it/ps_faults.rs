@@ -74,7 +74,7 @@ fn hostile_bytes_and_wrong_tokens_are_refused_while_training_goes_on() {
     // A wrong token, on a worker hello and an observer hello.
     for peer in [Peer::Worker { group: 0, rank: 0, attempt: 0 }, Peer::Observer] {
         let mut s = raw(&ps.addr);
-        send(&mut s, &Frame::Hello { token: "not-the-token".into(), peer, total_len: 8 });
+        send(&mut s, &Frame::Hello { token: "not-the-token".into(), peer, total_len: 8, total_steps: 1000 });
         assert!(refused_with(reply(&mut s), ErrorCode::Unauthenticated));
         assert!(closed(&mut s));
     }
@@ -89,13 +89,13 @@ fn hostile_bytes_and_wrong_tokens_are_refused_while_training_goes_on() {
 
     // After a proper hello: an unknown kind and a truncated body are answered, and the session goes on.
     let mut s = raw(&ps.addr);
-    send(&mut s, &Frame::Hello { token: TOKEN.into(), peer: Peer::Observer, total_len: 0 });
+    send(&mut s, &Frame::Hello { token: TOKEN.into(), peer: Peer::Observer, total_len: 0, total_steps: 0 });
     assert!(matches!(reply(&mut s), Frame::Welcome { shard: 0, .. }));
     s.write_all(&[0, 0, 0, 2, b'T', b'P', PROTOCOL_VERSION, 0x42, 1, 2]).unwrap();
     assert!(refused_with(reply(&mut s), ErrorCode::UnknownFrame));
     s.write_all(&[0, 0, 0, 3, b'T', b'P', PROTOCOL_VERSION, 0x06, 1, 2, 3]).unwrap();
     assert!(refused_with(reply(&mut s), ErrorCode::Malformed));
-    send(&mut s, &Frame::Push { kind: wire::PushKind::Gradient, offset: 0, values: vec![9.0; 8] });
+    send(&mut s, &Frame::Push { offset: 0, values: vec![9.0; 8] });
     assert!(refused_with(reply(&mut s), ErrorCode::Protocol), "observers cannot push");
     send(&mut s, &Frame::StatusRequest);
     let Frame::Status(json) = reply(&mut s) else { panic!("status expected") };
@@ -218,4 +218,21 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
     again.join().unwrap();
     let mut w = [0.0f32; 4];
     assert_eq!(again.pull(0, &mut w).unwrap(), 1, "the restarted group trains on");
+}
+
+#[test]
+fn a_worker_of_another_mode_or_run_length_is_refused_at_hello() {
+    let job = Job::new("ps-sync", 0, 1, 0);
+    let ps = job.spawn_ps(0, 0);
+    let servers = vec![ps.addr.clone()];
+    let elastic =
+        worker_config(&servers, 0, 0, 0, 4).run(1000, tandem_api::PsMode::Elastic { alpha: 0.5, tau: 1 });
+    let err = PsClient::connect(elastic).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("runs sync but this worker's algorithm needs elastic"), "{err}");
+    let mut first = PsClient::connect(worker_config(&servers, 0, 0, 0, 4)).unwrap();
+    first.init(0, &[0.0; 4]).unwrap();
+    let mut longer = worker_config(&servers, 1, 0, 0, 4);
+    longer.total_steps = 2000;
+    let err = PsClient::connect(longer).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("over 1000 steps but the client's run has 2000"), "{err}");
 }

@@ -14,7 +14,8 @@ use tandem::compute::device::Device;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{LocalStep, Trainer};
 use tandem::ps::client::PsClient;
-use tandem::worker::ps_step::{Exchange, PsStep};
+use tandem::worker::ps_step::PsStep;
+use tandem_api::PsMode;
 use tandem_api::TrainingJobSpec;
 use tandem_api::contract::Endpoint;
 
@@ -53,14 +54,12 @@ fn run_group(
     group: u32,
     size: usize,
     world: usize,
-    exchange: Exchange,
     joined: Arc<Barrier>,
 ) -> (Vec<Vec<f32>>, f64) {
     let peers = group_peers(size);
     let handles: Vec<_> = (0..size)
         .map(|rank| {
-            let (spec, servers, peers, exchange) =
-                (spec.clone(), servers.to_vec(), peers.clone(), exchange.clone());
+            let (spec, servers, peers) = (spec.clone(), servers.to_vec(), peers.clone());
             let joined = joined.clone();
             std::thread::spawn(move || {
                 let global = group as usize * size + rank;
@@ -68,10 +67,11 @@ fn run_group(
                 let comm: TcpComm =
                     tcp::connect(rank, &peers, "127.0.0.1", b"group-token", TcpConfig::default()).unwrap();
                 let total = t.params().len() as u64;
-                let client =
-                    PsClient::connect(worker_config(&servers, group, rank as u32, 0, total)).unwrap();
+                let mode = PsMode::of(&spec.training).unwrap();
+                let config = worker_config(&servers, group, rank as u32, 0, total).run(t.total_steps(), mode);
+                let client = PsClient::connect(config).unwrap();
                 let mut p = t.params().to_vec();
-                let mut step = PsStep::start(comm, client, exchange, &mut p).unwrap();
+                let mut step = PsStep::start(comm, client, &spec.training.optimizer, &mut p).unwrap();
                 t.set_params(&p).unwrap();
                 joined.wait();
                 for _ in 0..t.total_steps() {
@@ -98,7 +98,7 @@ fn ps_sync_with_one_rank_matches_local_training_bit_for_bit() {
     for _ in 0..25 {
         local.step(&mut update).unwrap();
     }
-    let (params, _) = run_group(&spec, &addrs(&ps), 0, 1, 1, Exchange::Gradient, Arc::new(Barrier::new(1)));
+    let (params, _) = run_group(&spec, &addrs(&ps), 0, 1, 1, Arc::new(Barrier::new(1)));
     // The shards run the same optimizer and schedule elementwise on their ranges: same bits.
     assert_eq!(params[0], local.params(), "training through the PS equals local training");
 }
@@ -115,7 +115,7 @@ fn hybrid_groups_stay_identical_and_learn() {
     let groups: Vec<_> = (0..2u32)
         .map(|g| {
             let (spec, servers, joined) = (spec.clone(), servers.clone(), joined.clone());
-            std::thread::spawn(move || run_group(&spec, &servers, g, 2, 4, Exchange::Gradient, joined))
+            std::thread::spawn(move || run_group(&spec, &servers, g, 2, 4, joined))
         })
         .collect();
     let results: Vec<_> = groups.into_iter().map(|h| h.join().unwrap()).collect();
@@ -136,17 +136,11 @@ fn easgd_groups_pull_the_centre_towards_a_model_that_learns() {
     let job = Job::with_spec(json);
     let ps = [job.spawn_ps(0, 0)];
     let servers = addrs(&ps);
-    let exchange = Exchange::Elastic {
-        alpha: spec.training.easgd.alpha as f32,
-        tau: u64::from(spec.training.easgd.tau),
-        optimizer: spec.training.optimizer.clone(),
-    };
     let joined = Arc::new(Barrier::new(4));
     let groups: Vec<_> = (0..2u32)
         .map(|g| {
-            let (spec, servers, exchange, joined) =
-                (spec.clone(), servers.clone(), exchange.clone(), joined.clone());
-            std::thread::spawn(move || run_group(&spec, &servers, g, 2, 4, exchange, joined))
+            let (spec, servers, joined) = (spec.clone(), servers.clone(), joined.clone());
+            std::thread::spawn(move || run_group(&spec, &servers, g, 2, 4, joined))
         })
         .collect();
     let results: Vec<_> = groups.into_iter().map(|h| h.join().unwrap()).collect();
@@ -167,4 +161,33 @@ fn easgd_groups_pull_the_centre_towards_a_model_that_learns() {
         results[0].1, results[1].1
     );
     assert!(after >= 0.9 && after > before + 0.3, "centre accuracy {before} -> {after}");
+}
+
+#[test]
+fn an_epochs_job_runs_the_same_learning_rate_schedule_on_the_ps_as_on_the_worker() {
+    // Sized in epochs, with a decaying schedule: the servers learn the run's step count from the
+    // workers' hello. (Given `training.steps`, empty for an epochs job, they once ran cosine over
+    // u64::MAX steps — near its peak throughout — while the worker decayed to zero.)
+    let mut json = spec("ps-sync", 1, 1);
+    let training = json["training"].as_object_mut().unwrap();
+    training.remove("steps");
+    training.insert("epochs".into(), 2.into());
+    training.insert(
+        "optimizer".into(),
+        serde_json::json!({"kind": "sgd", "learningRate": 0.2, "schedule": {"kind": "cosine", "warmupSteps": 3}}),
+    );
+    let spec: TrainingJobSpec = serde_json::from_value(json.clone()).unwrap();
+    let job = Job::with_spec(json);
+    let ps = [job.spawn_ps(0, 0)];
+
+    let mut local = trainer(&spec, 0, 1);
+    // 1,200 synthetic samples, 240 held out: 960 / 16 = 60 steps per epoch.
+    assert_eq!(local.total_steps(), 120);
+    let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, local.params().len()));
+    while local.step_count() < local.total_steps() {
+        local.step(&mut update).unwrap();
+    }
+    let (params, _) = run_group(&spec, &addrs(&ps), 0, 1, 1, Arc::new(Barrier::new(1)));
+    let diff = params[0].iter().zip(local.params()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert_eq!(diff, 0.0, "the PS's schedule is the worker's: same weights, bit for bit");
 }

@@ -65,6 +65,9 @@ struct Header {
     index: u32,
     replicas: u32,
     total_len: u64,
+    /// Steps the schedule spans; absent in checkpoints written before it was kept.
+    #[serde(default)]
+    total_steps: u64,
     version: u64,
     values: u64,
     optimizer_kind: OptimizerKind,
@@ -105,6 +108,7 @@ pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
         index: snapshot.index,
         replicas: snapshot.replicas,
         total_len: snapshot.total_len,
+        total_steps: snapshot.total_steps,
         version: snapshot.version,
         values: snapshot.values.len() as u64,
         optimizer_kind: snapshot.optimizer.kind,
@@ -173,6 +177,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
         index: header.index,
         replicas: header.replicas,
         total_len: header.total_len,
+        total_steps: header.total_steps,
         version: header.version,
         values,
         optimizer,
@@ -238,6 +243,7 @@ mod tests {
             index: 1,
             replicas: 2,
             total_len: 7,
+            total_steps: 100,
             version,
             values: vec![1.0, -2.0, 3.5],
             optimizer: OptimizerState {

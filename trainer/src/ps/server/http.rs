@@ -29,8 +29,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::state::{GroupStatus, ShardStatus};
-use crate::ps::Mode;
 use crate::util::token::same_bytes;
+use tandem_api::PsMode;
 use tandem_api::contract::{PsStatus, STATUS_PATH};
 
 /// Largest request head (request line and headers) read, in bytes.
@@ -67,7 +67,7 @@ pub struct StatusDocument {
     #[serde(flatten)]
     pub summary: PsStatus,
     /// Consistency mode.
-    pub mode: Mode,
+    pub mode: PsMode,
     /// Whether the shard holds its initial weights.
     pub ready: bool,
     /// Groups seen, by index.

@@ -14,16 +14,24 @@ use crate::compute::optim::{LrSchedule, Optimizer, OptimizerState};
 pub struct ShardOptimizer {
     optimizer: Optimizer,
     schedule: LrSchedule,
+    spec: OptimizerSpec,
 }
 
 impl ShardOptimizer {
-    /// Fresh state for a shard of `len` values; `total_steps` sizes decaying schedules (`None`
-    /// when the job is sized in epochs: cosine then stays near its peak).
-    pub fn new(spec: &OptimizerSpec, len: usize, total_steps: Option<u64>) -> Self {
+    /// Fresh state for a shard of `len` values, with the schedule over the run's `total_steps`
+    /// (the workers' [`tandem_api::JobPlan::total_steps`], so both sides decay alike).
+    pub fn new(spec: &OptimizerSpec, len: usize, total_steps: u64) -> Self {
         Self {
             optimizer: Optimizer::new(spec, len),
-            schedule: LrSchedule::new(spec.learning_rate, &spec.schedule, total_steps.unwrap_or(u64::MAX)),
+            schedule: LrSchedule::new(spec.learning_rate, &spec.schedule, total_steps),
+            spec: spec.clone(),
         }
+    }
+
+    /// Spans the schedule over `total_steps` (learned after a restore from a checkpoint that did
+    /// not record it).
+    pub fn set_total_steps(&mut self, total_steps: u64) {
+        self.schedule = LrSchedule::new(self.spec.learning_rate, &self.spec.schedule, total_steps);
     }
 
     /// Applies `grad` as update number `step` (0-based, the schedule's step).

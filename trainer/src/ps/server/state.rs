@@ -7,7 +7,7 @@
 //! Expected flow: see [`crate::ps`]. Every session must start with a hello carrying the job token;
 //! anything else, or a wrong token, is refused and the session closed.
 //!
-//! Guarantees, per [`Mode`]:
+//! Guarantees, per [`PsMode`]:
 //! - A group's *contribution* for a step is complete when its ranks' pushes cover this shard's
 //!   whole range exactly once; overlapping pushes in one step are refused, so a gradient is never
 //!   counted twice. The group's *clock* on the shard counts its complete contributions.
@@ -37,9 +37,9 @@ use crate::compute::optim::OptimizerState;
 use crate::util::token;
 
 use super::optim::ShardOptimizer;
-use crate::ps::Mode;
 use crate::ps::shard;
 use crate::ps::wire::{ErrorCode, Frame, Peer, Progress, WireError};
+use tandem_api::PsMode;
 
 /// Identifies one connection for the lifetime of a server.
 pub type SessionId = u64;
@@ -52,15 +52,14 @@ pub struct ShardConfig {
     /// Number of shards in the job.
     pub replicas: u32,
     /// Consistency mode.
-    pub mode: Mode,
+    pub mode: PsMode,
     /// The job token every session must present.
     pub token: String,
     /// Ask for a checkpoint every this many updates (0: never).
     pub checkpoint_every: u64,
-    /// The update rule for sync and async modes.
+    /// The update rule for sync and async modes; its learning-rate schedule spans the run's step
+    /// count, which the first worker's hello gives.
     pub optimizer: OptimizerSpec,
-    /// Training length in steps, for decaying schedules.
-    pub total_steps: Option<u64>,
 }
 
 /// Something the driver must do.
@@ -83,6 +82,8 @@ pub struct Snapshot {
     pub replicas: u32,
     /// Length of the whole vector.
     pub total_len: u64,
+    /// Steps of the run the schedule spans (0 when unknown: it comes with the next worker hello).
+    pub total_steps: u64,
     /// Updates applied.
     pub version: u64,
     /// The shard's weights (or EASGD centre).
@@ -167,6 +168,8 @@ impl Coverage {
 
 struct Weights {
     total_len: u64,
+    /// Steps of the run, from the workers' hellos (0 while unknown).
+    total_steps: u64,
     range: Range<u64>,
     values: Vec<f32>,
     /// What initial weights have arrived, while the shard is not ready.
@@ -243,7 +246,7 @@ pub struct ShardStatus {
     /// Number of shards.
     pub replicas: u32,
     /// Consistency mode.
-    pub mode: Mode,
+    pub mode: PsMode,
     /// Updates applied.
     pub version: u64,
     /// Whether the shard holds its initial weights.
@@ -311,13 +314,19 @@ impl ShardState {
                 total_len: snapshot.total_len,
             });
         }
-        let mut optimizer = ShardOptimizer::new(&config.optimizer, snapshot.values.len(), config.total_steps);
+        let mut optimizer =
+            ShardOptimizer::new(&config.optimizer, snapshot.values.len(), snapshot.total_steps);
         optimizer.restore(&snapshot.optimizer).map_err(RestoreError::Optimizer)?;
         let mut state = Self::new(config);
         state.version = snapshot.version;
         state.max_clock = snapshot.version;
-        state.weights =
-            Some(Weights { total_len: snapshot.total_len, range, values: snapshot.values, init: None });
+        state.weights = Some(Weights {
+            total_len: snapshot.total_len,
+            total_steps: snapshot.total_steps,
+            range,
+            values: snapshot.values,
+            init: None,
+        });
         state.optimizer = Some(optimizer);
         for (group, progress) in snapshot.groups {
             // Not a member until it joins again; attempt 0 refuses no relaunched attempt.
@@ -334,6 +343,7 @@ impl ShardState {
             index: self.config.index,
             replicas: self.config.replicas,
             total_len: w.total_len,
+            total_steps: w.total_steps,
             version: self.version,
             values: w.values.clone(),
             optimizer,
@@ -439,8 +449,8 @@ impl ShardState {
             }
         };
         match (peer, frame) {
-            (None, Frame::Hello { token, peer, total_len }) => {
-                self.hello(&mut out, session, &token, peer, total_len)
+            (None, Frame::Hello { token, peer, total_len, total_steps }) => {
+                self.hello(&mut out, session, &token, peer, total_len, total_steps)
             }
             (None, other) => {
                 let msg = format!(
@@ -473,9 +483,7 @@ impl ShardState {
                     }
                     out.push(Output::Send(session, Frame::Left));
                 }
-                Frame::Push { kind, offset, values } => {
-                    self.push(&mut out, session, group, kind, offset, values)
-                }
+                Frame::Push { offset, values } => self.push(&mut out, session, group, offset, values),
                 Frame::Report(mut p) => {
                     let clock = self.groups.get_mut(&group).map_or(0, |g| {
                         // Light reports carry no evaluation: the latest accuracy (and loss) stays.
@@ -504,20 +512,30 @@ impl ShardState {
         out.push(Output::Send(session, Frame::Error { code, message }));
     }
 
-    fn hello(&mut self, out: &mut Vec<Output>, session: SessionId, token: &str, peer: Peer, total_len: u64) {
+    fn hello(
+        &mut self,
+        out: &mut Vec<Output>,
+        session: SessionId,
+        token: &str,
+        peer: Peer,
+        total_len: u64,
+        total_steps: u64,
+    ) {
         if !token::same_bytes(token.as_bytes(), self.config.token.as_bytes()) {
             self.refuse(out, session, ErrorCode::Unauthenticated, "wrong job token".into());
             out.push(Output::Close(session));
             return;
         }
-        if matches!(peer, Peer::Worker { .. }) && total_len == 0 {
-            let msg = "a worker's hello must give the length of the flat parameter vector".into();
+        if matches!(peer, Peer::Worker { .. }) && (total_len == 0 || total_steps == 0) {
+            let msg =
+                "a worker's hello must give the length of the flat parameter vector and the run's step count"
+                    .into();
             self.refuse(out, session, ErrorCode::Mismatch, msg);
             out.push(Output::Close(session));
             return;
         }
-        if total_len > 0 {
-            match &self.weights {
+        if matches!(peer, Peer::Worker { .. }) {
+            match &mut self.weights {
                 Some(w) if w.total_len != total_len => {
                     let msg = format!(
                         "this job's parameter servers hold a {}-value vector but the client trains {total_len} values; \
@@ -528,8 +546,26 @@ impl ShardState {
                     out.push(Output::Close(session));
                     return;
                 }
-                Some(_) => {}
-                None => self.size(total_len),
+                Some(w) if w.total_steps != 0 && w.total_steps != total_steps => {
+                    let msg = format!(
+                        "this job's parameter servers run the learning-rate schedule over {} steps but the client's \
+                         run has {total_steps}; every worker and server must read the same job config and data",
+                        w.total_steps
+                    );
+                    self.refuse(out, session, ErrorCode::Mismatch, msg);
+                    out.push(Output::Close(session));
+                    return;
+                }
+                Some(w) => {
+                    if w.total_steps == 0 {
+                        // A checkpoint that did not record the run's length: the workers know it.
+                        w.total_steps = total_steps;
+                        if let Some(opt) = self.optimizer.as_mut() {
+                            opt.set_total_steps(total_steps);
+                        }
+                    }
+                }
+                None => self.size(total_len, total_steps),
             }
         }
         if let Peer::Worker { group, attempt, .. } = peer {
@@ -581,12 +617,12 @@ impl ShardState {
         ));
     }
 
-    fn size(&mut self, total_len: u64) {
+    fn size(&mut self, total_len: u64, total_steps: u64) {
         let range = shard::range_of(total_len, self.config.replicas, self.config.index).unwrap_or(0..0);
         let len = (range.end - range.start) as usize;
         let init = (len > 0).then(Coverage::default);
-        self.optimizer = Some(ShardOptimizer::new(&self.config.optimizer, len, self.config.total_steps));
-        self.weights = Some(Weights { total_len, range, values: vec![0.0; len], init });
+        self.optimizer = Some(ShardOptimizer::new(&self.config.optimizer, len, total_steps));
+        self.weights = Some(Weights { total_len, total_steps, range, values: vec![0.0; len], init });
     }
 
     /// Checks that `offset..offset+len` lies in this shard and returns it relative to the shard.
@@ -626,8 +662,8 @@ impl ShardState {
     fn join(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32) {
         let min_other = self.min_member_clock(Some(group));
         let clock = match self.config.mode {
-            Mode::Sync => self.version,
-            Mode::Async { .. } | Mode::Elastic => min_other.unwrap_or(self.max_clock),
+            PsMode::Sync => self.version,
+            PsMode::Async { .. } | PsMode::Elastic { .. } => min_other.unwrap_or(self.max_clock),
         };
         let version = self.version;
         let Some(g) = self.groups.get_mut(&group) else { return };
@@ -652,20 +688,8 @@ impl ShardState {
         self.groups.iter().filter(|(i, g)| g.member && Some(**i) != except).map(|(_, g)| g.clock).min()
     }
 
-    fn push(
-        &mut self,
-        out: &mut Vec<Output>,
-        session: SessionId,
-        group: u32,
-        kind: crate::ps::wire::PushKind,
-        offset: u64,
-        values: Vec<f32>,
-    ) {
+    fn push(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, offset: u64, values: Vec<f32>) {
         let mode = self.config.mode;
-        if kind != mode.push_kind() {
-            let msg = format!("this shard runs {mode} and takes {:?} pushes, not {kind:?}", mode.push_kind());
-            return self.refuse(out, session, ErrorCode::Mismatch, msg);
-        }
         let local = match self.local(offset, values.len() as u64) {
             Ok(r) => r,
             Err(msg) => return self.refuse(out, session, ErrorCode::BadRange, msg),
@@ -687,7 +711,7 @@ impl ShardState {
             let msg = format!("group {group} pushed without joining: send join first");
             return self.refuse(out, session, ErrorCode::Protocol, msg);
         }
-        if mode == Mode::Sync && g.clock > version {
+        if mode == PsMode::Sync && g.clock > version {
             let msg =
                 format!("group {group} already contributed to step {version}; pull to wait for it to finish");
             return self.refuse(out, session, ErrorCode::Protocol, msg);
@@ -702,12 +726,12 @@ impl ShardState {
         let len = w.len();
         let (a, b) = (local.start as usize, local.end as usize);
         match mode {
-            Mode::Elastic => {
+            PsMode::Elastic { .. } => {
                 for (c, e) in w.values[a..b].iter_mut().zip(&values) {
                     *c += *e;
                 }
             }
-            Mode::Sync | Mode::Async { .. } => {
+            PsMode::Sync | PsMode::Async { .. } => {
                 if g.grad.len() != len as usize {
                     g.grad = vec![0.0; len as usize];
                 }
@@ -718,8 +742,8 @@ impl ShardState {
         if g.pending.covered == len {
             g.clock += 1;
             match mode {
-                Mode::Sync => {}
-                Mode::Async { .. } => {
+                PsMode::Sync => {}
+                PsMode::Async { .. } => {
                     if let Some(opt) = self.optimizer.as_mut() {
                         opt.step(&mut w.values, &g.grad, g.clock - 1);
                     }
@@ -727,7 +751,7 @@ impl ShardState {
                     self.version += 1;
                     self.after_update(out);
                 }
-                Mode::Elastic => {
+                PsMode::Elastic { .. } => {
                     g.pending.clear();
                     self.version += 1;
                     self.after_update(out);
@@ -748,7 +772,7 @@ impl ShardState {
 
     /// Applies the open sync step if every member has contributed.
     fn try_complete_round(&mut self, out: &mut Vec<Output>) {
-        if self.config.mode != Mode::Sync {
+        if self.config.mode != PsMode::Sync {
             return;
         }
         let version = self.version;
@@ -798,9 +822,9 @@ impl ShardState {
         let Some(g) = self.groups.get(&group).filter(|g| g.member) else { return true };
         let partly_pushed = g.pending.covered < w.len() && g.pending.overlaps(&local);
         match self.config.mode {
-            Mode::Elastic => true,
-            Mode::Sync => !partly_pushed && g.clock <= self.version,
-            Mode::Async { staleness } => {
+            PsMode::Elastic { .. } => true,
+            PsMode::Sync => !partly_pushed && g.clock <= self.version,
+            PsMode::Async { staleness } => {
                 let min = self.min_member_clock(None).unwrap_or(g.clock);
                 !partly_pushed && staleness.is_none_or(|s| g.clock - min <= s)
             }

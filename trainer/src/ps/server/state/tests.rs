@@ -6,11 +6,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use tandem_api::job::OptimizerSpec;
 
 use super::*;
-use crate::ps::wire::PushKind;
 
 const TOKEN: &str = "job-token";
+/// The run's step count every test worker announces.
+const STEPS: u64 = 1000;
 
-fn config(mode: Mode, replicas: u32, index: u32) -> ShardConfig {
+fn config(mode: PsMode, replicas: u32, index: u32) -> ShardConfig {
     ShardConfig {
         index,
         replicas,
@@ -19,7 +20,6 @@ fn config(mode: Mode, replicas: u32, index: u32) -> ShardConfig {
         checkpoint_every: 0,
         // Plain SGD with rate 1: an update subtracts the (mean) gradient, easy to predict.
         optimizer: OptimizerSpec { learning_rate: 1.0, ..OptimizerSpec::default() },
-        total_steps: None,
     }
 }
 
@@ -80,6 +80,7 @@ impl Net {
             token: TOKEN.into(),
             peer: Peer::Worker { group, rank, attempt },
             total_len: total,
+            total_steps: STEPS,
         };
         assert!(matches!(self.call(s, hello), Frame::Welcome { .. }));
     }
@@ -99,8 +100,7 @@ impl Net {
     }
 
     fn push(&mut self, s: SessionId, offset: u64, values: Vec<f32>) -> Frame {
-        let kind = self.shard.config().mode.push_kind();
-        self.call(s, Frame::Push { kind, offset, values })
+        self.call(s, Frame::Push { offset, values })
     }
 
     /// Sends a pull and returns the weights if it was answered at once.
@@ -125,7 +125,7 @@ fn is_error(frame: &Frame, want: ErrorCode) -> bool {
 
 #[test]
 fn frames_before_hello_and_wrong_tokens_are_refused_and_others_keep_working() {
-    let mut net = Net::new(config(Mode::Async { staleness: None }, 1, 0));
+    let mut net = Net::new(config(PsMode::Async { staleness: None }, 1, 0));
     net.joined_worker(1, 0, 2, &[1.0, 2.0]);
 
     net.shard.connect(2);
@@ -134,7 +134,7 @@ fn frames_before_hello_and_wrong_tokens_are_refused_and_others_keep_working() {
     assert!(net.closed.contains(&2), "an unauthenticated session is closed");
 
     net.shard.connect(3);
-    let bad = Frame::Hello { token: "guess".into(), peer: Peer::Observer, total_len: 0 };
+    let bad = Frame::Hello { token: "guess".into(), peer: Peer::Observer, total_len: 0, total_steps: 0 };
     assert!(is_error(&net.call(3, bad), ErrorCode::Unauthenticated));
     assert!(net.closed.contains(&3));
 
@@ -154,10 +154,10 @@ fn frames_before_hello_and_wrong_tokens_are_refused_and_others_keep_working() {
 
 #[test]
 fn observers_read_status_and_weights_but_cannot_write() {
-    let mut net = Net::new(config(Mode::Sync, 2, 1));
+    let mut net = Net::new(config(PsMode::Sync, 2, 1));
     net.joined_worker(1, 0, 5, &[7.0, 8.0]);
     net.shard.connect(2);
-    let hello = Frame::Hello { token: TOKEN.into(), peer: Peer::Observer, total_len: 0 };
+    let hello = Frame::Hello { token: TOKEN.into(), peer: Peer::Observer, total_len: 0, total_steps: 0 };
     assert!(matches!(net.call(2, hello), Frame::Welcome { shard: 1, start: 3, end: 5, total_len: 5, .. }));
     assert!(is_error(&net.push(2, 3, vec![1.0, 1.0]), ErrorCode::Protocol));
     assert_eq!(net.pull(2, 3, 2), Some(vec![7.0, 8.0]));
@@ -176,31 +176,42 @@ fn observers_read_status_and_weights_but_cannot_write() {
 
 #[test]
 fn a_client_with_another_model_size_is_refused() {
-    let mut net = Net::new(config(Mode::Sync, 1, 0));
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.worker(1, 0, 0, 0, 10);
     net.shard.connect(2);
     let hello = Frame::Hello {
         token: TOKEN.into(),
         peer: Peer::Worker { group: 1, rank: 0, attempt: 0 },
         total_len: 11,
+        total_steps: STEPS,
     };
     assert!(is_error(&net.call(2, hello), ErrorCode::Mismatch));
     assert!(net.closed.contains(&2));
 }
 
 #[test]
-fn ranges_outside_the_shard_and_wrong_push_kinds_are_refused() {
-    let mut net = Net::new(config(Mode::Sync, 2, 0));
+fn ranges_outside_the_shard_and_workers_of_another_run_are_refused() {
+    let mut net = Net::new(config(PsMode::Sync, 2, 0));
     net.joined_worker(1, 0, 4, &[1.0, 1.0]);
     assert!(is_error(&net.push(1, 1, vec![1.0, 1.0]), ErrorCode::BadRange));
     assert!(is_error(&net.call(1, Frame::Pull { offset: 0, len: 0 }), ErrorCode::BadRange));
-    let elastic = Frame::Push { kind: PushKind::Elastic, offset: 0, values: vec![1.0, 1.0] };
-    assert!(is_error(&net.call(1, elastic), ErrorCode::Mismatch));
+    // A worker whose run has another length would decay the schedule differently.
+    for total_steps in [STEPS + 1, 0] {
+        net.shard.connect(2);
+        let other = Frame::Hello {
+            token: TOKEN.into(),
+            peer: Peer::Worker { group: 1, rank: 0, attempt: 0 },
+            total_len: 4,
+            total_steps,
+        };
+        assert!(is_error(&net.call(2, other), ErrorCode::Mismatch), "a run of {total_steps} steps");
+        assert!(net.closed.remove(&2));
+    }
 }
 
 #[test]
 fn sync_waits_for_every_member_then_applies_the_mean() {
-    let mut net = Net::new(config(Mode::Sync, 1, 0));
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.joined_worker(1, 0, 2, &[0.0, 0.0]);
     net.joined_worker(2, 1, 2, &[9.0, 9.0]);
     // The second init is ignored: the first one made the shard ready.
@@ -218,7 +229,7 @@ fn sync_waits_for_every_member_then_applies_the_mean() {
 #[test]
 fn sync_counts_a_contribution_only_when_the_group_covers_the_shard() {
     // One group of two ranks, each pushing half of a 4-value shard (after a reduce-scatter).
-    let mut net = Net::new(config(Mode::Sync, 1, 0));
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.joined_worker(1, 0, 4, &[0.0; 4]);
     net.worker(2, 0, 1, 0, 4);
     net.push(1, 0, vec![1.0, 1.0]);
@@ -232,7 +243,7 @@ fn sync_counts_a_contribution_only_when_the_group_covers_the_shard() {
 
 #[test]
 fn sync_membership_changes_at_step_boundaries() {
-    let mut net = Net::new(config(Mode::Sync, 1, 0));
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.joined_worker(1, 0, 1, &[0.0]);
     net.joined_worker(2, 1, 1, &[0.0]);
     net.push(1, 0, vec![1.0]);
@@ -259,7 +270,7 @@ fn sync_membership_changes_at_step_boundaries() {
 
 #[test]
 fn a_restarted_group_replaces_its_earlier_attempt() {
-    let mut net = Net::new(config(Mode::Sync, 1, 0));
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.joined_worker(1, 0, 2, &[0.0, 0.0]);
     net.worker(2, 0, 1, 0, 2);
     net.joined_worker(3, 1, 2, &[0.0, 0.0]);
@@ -271,6 +282,7 @@ fn a_restarted_group_replaces_its_earlier_attempt() {
         token: TOKEN.into(),
         peer: Peer::Worker { group: 0, rank: 1, attempt: 0 },
         total_len: 2,
+        total_steps: STEPS,
     };
     assert!(is_error(&net.call(5, stale), ErrorCode::Protocol), "an older attempt is refused");
     assert!(matches!(net.call(4, Frame::Join), Frame::Joined { clock: 0, version: 0 }));
@@ -281,7 +293,7 @@ fn a_restarted_group_replaces_its_earlier_attempt() {
 
 #[test]
 fn async_applies_every_contribution_at_once() {
-    let mut net = Net::new(config(Mode::Async { staleness: None }, 1, 0));
+    let mut net = Net::new(config(PsMode::Async { staleness: None }, 1, 0));
     net.joined_worker(1, 0, 1, &[0.0]);
     net.joined_worker(2, 1, 1, &[0.0]);
     for _ in 0..5 {
@@ -294,7 +306,7 @@ fn async_applies_every_contribution_at_once() {
 
 #[test]
 fn bounded_staleness_holds_back_a_group_too_far_ahead() {
-    let mut net = Net::new(config(Mode::Async { staleness: Some(1) }, 1, 0));
+    let mut net = Net::new(config(PsMode::Async { staleness: Some(1) }, 1, 0));
     net.joined_worker(1, 0, 1, &[0.0]);
     net.joined_worker(2, 1, 1, &[0.0]);
     net.push(1, 0, vec![1.0]);
@@ -313,7 +325,7 @@ fn bounded_staleness_holds_back_a_group_too_far_ahead() {
 
 #[test]
 fn a_group_joining_late_starts_at_the_slowest_clock() {
-    let mut net = Net::new(config(Mode::Async { staleness: Some(0) }, 1, 0));
+    let mut net = Net::new(config(PsMode::Async { staleness: Some(0) }, 1, 0));
     net.joined_worker(1, 0, 1, &[0.0]);
     for _ in 0..3 {
         net.push(1, 0, vec![1.0]);
@@ -326,7 +338,7 @@ fn a_group_joining_late_starts_at_the_slowest_clock() {
 
 #[test]
 fn elastic_pushes_move_the_centre_by_the_difference() {
-    let mut net = Net::new(config(Mode::Elastic, 1, 0));
+    let mut net = Net::new(config(PsMode::Elastic { alpha: 0.5, tau: 1 }, 1, 0));
     net.joined_worker(1, 0, 2, &[1.0, 1.0]);
     net.joined_worker(2, 1, 2, &[0.0, 0.0]);
     // Worker x = (3, 1), α = 0.5: e = α(x − centre) = (1, 0); centre += e.
@@ -342,7 +354,7 @@ fn elastic_pushes_move_the_centre_by_the_difference() {
 
 #[test]
 fn pulls_wait_for_initial_weights_and_pushes_before_them_are_refused() {
-    let mut net = Net::new(config(Mode::Sync, 1, 0));
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.worker(1, 0, 0, 0, 4);
     net.worker(2, 1, 0, 0, 4);
     assert!(matches!(net.call(2, Frame::Join), Frame::Joined { .. }));
@@ -356,7 +368,7 @@ fn pulls_wait_for_initial_weights_and_pushes_before_them_are_refused() {
 
 #[test]
 fn checkpoints_are_requested_every_n_updates_and_restore_the_same_shard() {
-    let mut cfg = config(Mode::Async { staleness: None }, 2, 1);
+    let mut cfg = config(PsMode::Async { staleness: None }, 2, 1);
     cfg.checkpoint_every = 3;
     cfg.optimizer.momentum = 0.9;
     let mut net = Net::new(cfg.clone());
@@ -398,7 +410,7 @@ impl Rng {
 
 /// Groups of two ranks run `steps` push-then-pull steps with every interleaving the generator
 /// picks; the staleness bound must hold at every answered pull and nothing may deadlock.
-fn run_random_schedule(mode: Mode, groups: u32, steps: u64, seed: u64) -> Vec<f32> {
+fn run_random_schedule(mode: PsMode, groups: u32, steps: u64, seed: u64) -> Vec<f32> {
     let mut net = Net::new(config(mode, 1, 0));
     let total = 6u64;
     let half = total / 2;
@@ -418,9 +430,9 @@ fn run_random_schedule(mode: Mode, groups: u32, steps: u64, seed: u64) -> Vec<f3
     let mut waiting = vec![false; (groups * 2) as usize];
     let mut rng = Rng(seed | 1);
     let staleness = match mode {
-        Mode::Async { staleness } => staleness,
-        Mode::Sync => Some(0),
-        Mode::Elastic => None,
+        PsMode::Async { staleness } => staleness,
+        PsMode::Sync => Some(0),
+        PsMode::Elastic { .. } => None,
     };
     loop {
         // A rank may not start step k+1 before its partner finished step k (the allgather).
@@ -465,12 +477,41 @@ fn random_interleavings_keep_the_staleness_bound_and_lose_no_update() {
         // Every update subtracts the group's gradient (1 + g) in async mode: the sum is order-free.
         let want = -((0..groups).map(|g| 1.0 + g as f32).sum::<f32>() * steps as f32);
         for s in [Some(0), Some(1), Some(3), None] {
-            let w = run_random_schedule(Mode::Async { staleness: s }, groups, steps, seed);
+            let w = run_random_schedule(PsMode::Async { staleness: s }, groups, steps, seed);
             assert!(w.iter().all(|&v| v == want), "async s={s:?} seed {seed}: {w:?} != {want}");
         }
         // Sync applies the mean per step.
         let mean = (0..groups).map(|g| 1.0 + g as f32).sum::<f32>() / groups as f32;
-        let w = run_random_schedule(Mode::Sync, groups, steps, seed);
+        let w = run_random_schedule(PsMode::Sync, groups, steps, seed);
         assert!(w.iter().all(|&v| (v + mean * steps as f32).abs() < 1e-5), "sync seed {seed}: {w:?}");
     }
+}
+
+#[test]
+fn the_learning_rate_schedule_spans_the_run_the_workers_announce() {
+    // Cosine from 1 over a 2-step run: rate 1 at step 0, 0.5 at step 1 (½(1 + cos π/2)). A
+    // schedule over "u64::MAX steps" (what an `epochs` job once gave the servers) stays at 1.
+    let mut cfg = config(PsMode::Sync, 1, 0);
+    cfg.optimizer.schedule.kind = tandem_api::ScheduleKind::Cosine;
+    let mut net = Net::new(cfg.clone());
+    net.shard.connect(1);
+    let hello = Frame::Hello {
+        token: TOKEN.into(),
+        peer: Peer::Worker { group: 0, rank: 0, attempt: 0 },
+        total_len: 1,
+        total_steps: 2,
+    };
+    assert!(matches!(net.call(1, hello), Frame::Welcome { .. }));
+    assert!(matches!(net.call(1, Frame::Init { offset: 0, values: vec![0.0] }), Frame::Ack { .. }));
+    assert!(matches!(net.call(1, Frame::Join), Frame::Joined { .. }));
+    net.push(1, 0, vec![1.0]);
+    assert_eq!(net.pull(1, 0, 1), Some(vec![-1.0]));
+    net.push(1, 0, vec![1.0]);
+    assert_eq!(net.pull(1, 0, 1), Some(vec![-1.5]), "step 1 runs at half the rate");
+
+    // The run's length is kept in the snapshot, so a restored shard decays alike.
+    let Some(snapshot) = net.shard.snapshot() else { panic!("an initialised shard has a snapshot") };
+    assert_eq!(snapshot.total_steps, 2);
+    let restored = ShardState::restore(cfg, snapshot).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(restored.snapshot().map(|s| s.total_steps), Some(2));
 }
