@@ -19,14 +19,16 @@
 //!   passes it to `on_progress` (with the test accuracy at evaluation steps and the last step)
 //!   and, in PS jobs, reports it to every PS shard, where `tandem ps`'s status shows it.
 //! - `allreduce`: every `checkpoint.everySteps` and at the end, rank 0 writes the group's state
-//!   (weights, the gathered optimizer state, the step) as a worker checkpoint into
+//!   (weights, the model's non-trainable state, the gathered optimizer state, the step) as a
+//!   worker checkpoint into
 //!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest [`KEEP_CHECKPOINTS`] are
 //!   kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
 //!
-//! Caveats: on Kubernetes rank 0's output folder outlives its pod only on a volume
+//! Caveats: a model with non-trainable state trains only with `allreduce`; the parameter servers
+//! do not hold such state yet, so a PS job refuses it at start. On Kubernetes rank 0's output folder outlives its pod only on a volume
 //! (`checkpoint.claimName`); with an emptyDir a recreated group starts again from step 0.
 
 pub mod allreduce;
@@ -34,7 +36,7 @@ pub mod ps_step;
 
 use std::path::{Path, PathBuf};
 
-use tandem_api::PsMode;
+use tandem_api::JobPlan;
 use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
@@ -187,10 +189,28 @@ pub fn run<C: Communicator>(
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
     let data = crate::compute::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
+    // The job's facts, decided once: what the servers do and how long the run is. The servers'
+    // schedule spans the plan's step count, which the hello tells them.
+    let plan = JobPlan::resolve(spec, data.train.len() as u64).map_err(|e| WorkerError::Config(e.to_string()))?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
+    if trainer.total_steps() != plan.total_steps {
+        return Err(WorkerError::Config(format!(
+            "this rank's data loader gives a {}-step run but the job plan {}; this is a bug, please report it",
+            trainer.total_steps(),
+            plan.total_steps
+        )));
+    }
+    if plan.ps_mode.is_some() && !trainer.state().is_empty() {
+        // A group restarted from the servers would start its state afresh: refuse, not drift.
+        return Err(WorkerError::Config(format!(
+            "this model keeps {} values of non-trainable state (e.g. batch-norm statistics), which the \
+             parameter servers do not hold yet; train it with algorithm: allreduce",
+            trainer.state().len()
+        )));
+    }
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
-    let mut update = match PsMode::of(training) {
+    let mut update = match plan.ps_mode {
         None => Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?),
         Some(mode) => {
             let servers: Vec<String> = job.parameter_servers.iter().map(|e| e.to_string()).collect();
@@ -202,13 +222,13 @@ pub fn run<C: Communicator>(
                 place.attempt,
                 params.len() as u64,
             )
-            .run(trainer.total_steps(), mode);
+            .run(plan.total_steps, mode);
             let client = PsClient::connect(config)?;
             Update::Ps(Box::new(PsStep::start(comm, client, &training.optimizer, &mut params)?))
         }
     };
     trainer.set_params(&params)?;
-    let steps = trainer.total_steps();
+    let steps = plan.total_steps;
     let start = match &mut update {
         Update::Ps(s) => {
             let start = s.start_step().min(steps);
