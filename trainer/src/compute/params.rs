@@ -10,11 +10,11 @@
 //!
 //! How the two parts travel: the trainable parameters are what optimizers update, locally or on
 //! the parameter servers; the state is carried beside them and never passes through an optimizer.
-//! Checkpoints store both (state tensors are named `state.<name>`); an allreduce group averages
-//! its ranks' state after every step and resumes it from rank 0's checkpoint; parameter servers
-//! hold it after the parameters in one vector ([`ParamStore::exchange_len`]) and set it to what
-//! the groups push (the mean of the member groups in sync mode) instead of running the optimizer
-//! on it, so a group restarted from the servers gets it back with the weights.
+//! Worker checkpoints store both (state tensors are named `state.<name>`); the ranks of a group
+//! average their state after every step ([`crate::compute::train::GradientStep::sync_state`]),
+//! and an allreduce group resumes it with the weights from rank 0's checkpoint. The parameter
+//! servers do not hold state yet: a PS job refuses a model that has some.
+//! [`ParamStore::joined`] (parameters, then state, as one vector) is the layout they will hold.
 //!
 //! Guarantees: the buffers always have their layouts' lengths; the gradient buffer has the
 //! parameters' length.

@@ -22,7 +22,7 @@ use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Source, Split
 use crate::compute::device::Device;
 use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
 use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
-use crate::compute::params::{FlatError, ParamStore};
+use crate::compute::params::{FlatError, FlatLayout, ParamStore};
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +73,14 @@ pub trait GradientStep {
 
     /// Restores what [`GradientStep::optimizer_state`] returned.
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError>;
+
+    /// Brings the model's non-trainable state (e.g. batch-norm running statistics, which each
+    /// rank moved towards its own batch) to what the replicas share after the step: a group
+    /// averages it over its ranks. Called after [`GradientStep::apply`], only for a model that
+    /// has state; a single process keeps its own.
+    fn sync_state(&mut self, _state: &mut [f32]) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// Single-process training: the optimizer runs here over the whole flat vector.
@@ -110,6 +118,9 @@ impl GradientStep for LocalStep {
 
 /// Kind recorded in worker checkpoints.
 pub const WORKER_CHECKPOINT: &str = "worker";
+
+/// Prefix of the non-trainable state's tensor names in a worker checkpoint (`state.bn1.running_mean`).
+pub const STATE_PREFIX: &str = "state.";
 
 /// The result of one step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -304,6 +315,17 @@ impl Trainer {
         Ok(self.store.set(src, &state)?)
     }
 
+    /// The non-trainable state.
+    pub fn state(&self) -> &[f32] {
+        self.store.state()
+    }
+
+    /// Replaces the non-trainable state (e.g. rank 0's, when a group resumes); the parameters stay.
+    pub fn set_state(&mut self, src: &[f32]) -> Result<(), TrainError> {
+        let params = self.store.params().to_vec();
+        Ok(self.store.set(&params, src)?)
+    }
+
     /// The flat gradient of the last computed batch.
     pub fn grads(&self) -> &[f32] {
         self.store.grads()
@@ -358,6 +380,9 @@ impl Trainer {
         let lr = self.schedule.at(self.step);
         let parts = self.store.parts();
         update.apply(self.step, lr, parts.params, parts.grads)?;
+        if !parts.state.is_empty() {
+            update.sync_state(parts.state)?;
+        }
         self.step += 1;
         Ok(StepReport { step: self.step, epoch: at.epoch, lr, batch })
     }
@@ -391,20 +416,20 @@ impl Trainer {
         Ok(Evaluation { loss: loss / n, accuracy: correct as f64 / n })
     }
 
-    /// A checkpoint of the full training state.
+    /// A checkpoint of the full training state: the parameters under their names, the
+    /// non-trainable state under `state.<name>`.
     pub fn checkpoint(&self, update: &dyn GradientStep) -> Result<Checkpoint, TrainError> {
-        let tensors = self
-            .model
-            .layout()
-            .entries()
-            .iter()
-            .enumerate()
-            .map(|(i, e)| NamedTensor {
-                name: e.name.clone(),
-                shape: e.shape.clone(),
-                values: self.model.layout().slice(self.store.params(), i).to_vec(),
-            })
-            .collect();
+        let named = |layout: &FlatLayout, buf: &[f32], prefix: &str| -> Vec<NamedTensor> {
+            (layout.entries().iter().enumerate())
+                .map(|(i, e)| NamedTensor {
+                    name: format!("{prefix}{}", e.name),
+                    shape: e.shape.clone(),
+                    values: layout.slice(buf, i).to_vec(),
+                })
+                .collect()
+        };
+        let mut tensors = named(self.store.layout(), self.store.params(), "");
+        tensors.extend(named(self.store.state_layout(), self.store.state(), STATE_PREFIX));
         let meta = CheckpointMeta {
             format: checkpoint::FORMAT_VERSION,
             kind: WORKER_CHECKPOINT.to_owned(),
@@ -440,25 +465,29 @@ impl Trainer {
     ) -> Result<(), TrainError> {
         ckpt.expect(path, WORKER_CHECKPOINT, &self.config_hash)?;
         let mismatch = |reason: String| CheckpointError::Mismatch { path: path.to_owned(), reason };
-        let mut params = vec![0.0; self.store.params().len()];
-        for (i, e) in self.model.layout().entries().iter().enumerate() {
-            let t = ckpt.tensor(&e.name).ok_or_else(|| mismatch(format!("no tensor {}", e.name)))?;
-            if t.shape != e.shape {
-                return Err(mismatch(format!(
-                    "tensor {} has shape {:?}, the model {:?}",
-                    e.name, t.shape, e.shape
-                ))
-                .into());
+        let read = |layout: &FlatLayout, prefix: &str| -> Result<Vec<f32>, CheckpointError> {
+            let mut buf = vec![0.0; layout.len()];
+            for e in layout.entries() {
+                let name = format!("{prefix}{}", e.name);
+                let t = ckpt.tensor(&name).ok_or_else(|| mismatch(format!("no tensor {name}")))?;
+                if t.shape != e.shape {
+                    return Err(mismatch(format!(
+                        "tensor {name} has shape {:?}, the model {:?}",
+                        t.shape, e.shape
+                    )));
+                }
+                buf[e.offset..e.offset + e.len].copy_from_slice(&t.values);
             }
-            let off = self.model.layout().entries()[i].offset;
-            params[off..off + e.len].copy_from_slice(&t.values);
-        }
+            Ok(buf)
+        };
+        let params = read(self.store.layout(), "")?;
+        let state = read(self.store.state_layout(), STATE_PREFIX)?;
         let cursor = ckpt.meta.cursor.ok_or_else(|| mismatch("no data cursor".into()))?;
         if let Some(state) = ckpt.optimizer_state() {
             update.restore_optimizer(&state)?;
         }
         self.loader.seek(cursor)?;
-        self.set_params(&params)?;
+        self.store.set(&params, &state)?;
         self.step = ckpt.meta.step;
         Ok(())
     }

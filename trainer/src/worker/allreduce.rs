@@ -8,7 +8,8 @@
 //! before a checkpoint, which rank 0 writes.
 //!
 //! Guarantees: every rank makes the same collective calls in the same order, so the weights are
-//! bit-identical on all ranks after every step. Rank `i` keeps optimizer state (momentum, Adam
+//! bit-identical on all ranks after every step; so is a model's non-trainable state, averaged
+//! over the ranks after every step and resumed with the weights from rank 0's checkpoint. Rank `i` keeps optimizer state (momentum, Adam
 //! moments) for block `i` ([`crate::comm::block_range`]) only, so optimizer memory is split over
 //! the group. The optimizer is elementwise, so one step equals a single process's step on the
 //! averaged gradient: with the batch sharding of [`crate::compute::data`], the group trains like one
@@ -71,6 +72,11 @@ impl<C: Communicator> AllreduceStep<C> {
         }
         let mut params = trainer.params().to_vec();
         self.comm.broadcast(&mut params, 0).map_err(super::collective)?;
+        // The non-trainable state (empty for a model without): every rank gets rank 0's.
+        let mut model_state = trainer.state().to_vec();
+        if !model_state.is_empty() {
+            self.comm.broadcast(&mut model_state, 0).map_err(super::collective)?;
+        }
         if with_state == 1 {
             // Whole buffers, in the order this optimizer keeps them; each rank keeps its block.
             let fresh = self.optimizer.state();
@@ -89,6 +95,7 @@ impl<C: Communicator> AllreduceStep<C> {
         }
         if !root {
             trainer.set_params(&params)?;
+            trainer.set_state(&model_state)?;
             trainer.skip_to(step)?;
         }
         Ok(step)
@@ -149,6 +156,10 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
 
     fn optimizer_state(&self) -> Option<OptimizerState> {
         self.gathered.clone()
+    }
+
+    fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
+        self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
     }
 
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {

@@ -158,6 +158,11 @@ impl<C: Communicator> GradientStep for PsStep<C> {
         self.local.as_ref().map(Optimizer::state)
     }
 
+    fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
+        // The group's ranks share it; the parameter servers do not hold it (see `worker::run`).
+        self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
+    }
+
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {
         match self.local.as_mut() {
             Some(opt) => Ok(opt.restore(state)?),

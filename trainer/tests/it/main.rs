@@ -30,5 +30,6 @@ mod ps_worker;
 mod resume;
 mod runner_e2e;
 mod runner_policy;
+mod state;
 mod stream;
 mod worker_allreduce;
