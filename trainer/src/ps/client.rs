@@ -299,12 +299,16 @@ impl PsClient {
         stream.set_write_timeout(Some(self.config.request_timeout)).map_err(lost)?;
         let writer = BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(lost)?);
         self.conns[index] = Some(Conn { reader: BufReader::with_capacity(1 << 16, stream), writer });
-        let hello = Frame::Hello {
-            token: self.config.token.clone(),
-            peer: self.config.peer,
-            total_len: self.config.total_len,
-            total_steps: self.config.total_steps,
+        // The server opens with a challenge; the hello proves the token over it (the token
+        // itself never crosses the wire).
+        let nonce = match self.read_reply(index, "hello")? {
+            Frame::Challenge { nonce } => nonce,
+            other => return Err(ClientError::Unexpected { index, addr, op: "hello", got: other.name() }),
         };
+        let (peer, total_len, total_steps) =
+            (self.config.peer, self.config.total_len, self.config.total_steps);
+        let proof = wire::hello_proof(self.config.token.as_bytes(), &nonce, peer, total_len, total_steps);
+        let hello = Frame::Hello { proof, peer, total_len, total_steps };
         let reply = self.call_one(index, "hello", hello)?;
         let Frame::Welcome { shard, replicas, start, end, total_len, mode, .. } = reply else {
             return Err(ClientError::Unexpected { index, addr, op: "hello", got: reply.name() });
@@ -365,33 +369,37 @@ impl PsClient {
         }
         let mut replies = Vec::with_capacity(frames.len());
         for (index, _) in &frames {
-            let max = self.config.max_frame;
-            let addr = self.addr(*index);
-            let Some(conn) = self.conns.get_mut(*index).and_then(Option::as_mut) else {
-                return Err(ClientError::Lost { index: *index, addr, op, detail: "not connected".into() });
-            };
-            let reply = match wire::read_frame(&mut conn.reader, max) {
-                Ok(Frame::Error { code, message }) => {
-                    return Err(ClientError::Refused { index: *index, addr, op, code, message });
-                }
-                Ok(frame) => frame,
-                Err(ReadError::Io(e)) => {
-                    self.conns[*index] = None;
-                    return Err(self.io_error(*index, op, e));
-                }
-                Err(ReadError::Closed) => {
-                    self.conns[*index] = None;
-                    let detail = "the server closed the connection".into();
-                    return Err(ClientError::Lost { index: *index, addr, op, detail });
-                }
-                Err(ReadError::Wire(e)) => {
-                    self.conns[*index] = None;
-                    return Err(ClientError::Lost { index: *index, addr, op, detail: e.to_string() });
-                }
-            };
-            replies.push((*index, reply));
+            replies.push((*index, self.read_reply(*index, op)?));
         }
         Ok(replies)
+    }
+
+    /// Reads the next frame from server `index`; an error frame becomes [`ClientError::Refused`].
+    fn read_reply(&mut self, index: usize, op: &'static str) -> Result<Frame, ClientError> {
+        let max = self.config.max_frame;
+        let addr = self.addr(index);
+        let Some(conn) = self.conns.get_mut(index).and_then(Option::as_mut) else {
+            return Err(ClientError::Lost { index, addr, op, detail: "not connected".into() });
+        };
+        match wire::read_frame(&mut conn.reader, max) {
+            Ok(Frame::Error { code, message }) => {
+                Err(ClientError::Refused { index, addr, op, code, message })
+            }
+            Ok(frame) => Ok(frame),
+            Err(ReadError::Io(e)) => {
+                self.conns[index] = None;
+                Err(self.io_error(index, op, e))
+            }
+            Err(ReadError::Closed) => {
+                self.conns[index] = None;
+                let detail = "the server closed the connection".into();
+                Err(ClientError::Lost { index, addr, op, detail })
+            }
+            Err(ReadError::Wire(e)) => {
+                self.conns[index] = None;
+                Err(ClientError::Lost { index, addr, op, detail: e.to_string() })
+            }
+        }
     }
 
     fn io_error(&self, index: usize, op: &'static str, e: std::io::Error) -> ClientError {

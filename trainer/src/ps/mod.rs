@@ -6,9 +6,10 @@
 //! per-shard state machine, free of I/O, its tokio driver, its update rule, checkpoints and HTTP
 //! status endpoint). Nothing here imports a role or the training loop.
 //!
-//! Expected flow, per worker rank: connect and say hello (job token, group, rank, attempt, vector
-//! length) to every shard; `init` its range with the initial weights (ignored once a shard holds
-//! weights); `join`; pull the current weights; then each step push its range and pull it back.
+//! Expected flow, per worker rank: connect to every shard, read its challenge and say hello (an
+//! HMAC of the job token over the challenge, group, rank, attempt, vector length, run length);
+//! `init` its range with the initial weights (ignored once a shard holds weights); `join`; pull
+//! the current weights; then each step push its range and pull it back.
 //! A group leaves explicitly, or implicitly when its last connection to a shard closes.
 //!
 //! Guarantees: see [`server::state`] for the consistency of each [`tandem_api::PsMode`].

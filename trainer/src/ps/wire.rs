@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Strings are `u32 length + UTF-8`; float vectors are `u64 count + count × f32`. Requests have
-//! kinds `0x01..=0x08`, replies `0x81..=0x87`, errors `0xEE`.
+//! kinds `0x01..=0x08`, replies `0x80..=0x86` (`0x80`, the challenge, opens every connection),
+//! errors `0xEE`.
 //!
 //! Guarantees: [`decode_body`] never panics and never allocates more than the body it is given;
 //! a header announcing more than the receiver's maximum frame size is refused before any body is
@@ -24,10 +25,38 @@ use tandem_api::PsMode;
 
 /// First two bytes after the length: "TP", Tandem parameter server.
 pub const MAGIC: [u8; 2] = *b"TP";
-/// Protocol version this build speaks. Version 2: the hello carries the run's step count and the
-/// vector's trainable length, pushes carry no kind (the mode both sides agreed on at hello
-/// decides), and the elastic mode its α and τ.
-pub const PROTOCOL_VERSION: u8 = 2;
+/// Protocol version this build speaks. Version 2: the hello carries the run's step count, pushes
+/// carry no kind (the mode both sides agreed on at hello decides), and the elastic mode its α and
+/// τ. Version 3: the server opens with a challenge and the hello proves the job token with an
+/// HMAC of it instead of carrying the token.
+pub const PROTOCOL_VERSION: u8 = 3;
+
+/// Length of the server's challenge nonce.
+pub const NONCE_LEN: usize = 16;
+/// Length of a hello's proof (HMAC-SHA256).
+pub const PROOF_LEN: usize = crate::util::token::MAC_LEN;
+
+/// The proof a hello carries: `HMAC(token, "tandem-ps-hello" ‖ nonce ‖ peer ‖ total_len ‖
+/// total_steps)`, binding the hello's fields to this connection's challenge, so the token never
+/// crosses the wire and a proof cannot be replayed on another connection or with other fields.
+pub fn hello_proof(
+    token: &[u8],
+    nonce: &[u8; NONCE_LEN],
+    peer: Peer,
+    total_len: u64,
+    total_steps: u64,
+) -> [u8; PROOF_LEN] {
+    let peer_bytes: Vec<u8> = match peer {
+        Peer::Worker { group, rank, attempt } => {
+            [&[0u8][..], &group.to_le_bytes(), &rank.to_le_bytes(), &attempt.to_le_bytes()].concat()
+        }
+        Peer::Observer => vec![1],
+    };
+    crate::util::token::hmac(
+        token,
+        &[b"tandem-ps-hello", nonce, &peer_bytes, &total_len.to_le_bytes(), &total_steps.to_le_bytes()],
+    )
+}
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 8;
 /// Default largest body accepted: 16 MiB. Clients split larger pushes and pulls into pieces.
@@ -126,8 +155,8 @@ pub enum Frame {
     /// flat parameter vector the caller trains (0 for an observer that does not know it) and the
     /// run's step count, over which the servers' learning-rate schedule runs (0 for an observer).
     Hello {
-        /// The job token.
-        token: String,
+        /// [`hello_proof`] of the job token over this connection's challenge and these fields.
+        proof: [u8; PROOF_LEN],
         /// The caller.
         peer: Peer,
         /// Length of the whole flat parameter vector.
@@ -165,6 +194,11 @@ pub enum Frame {
     Report(Progress),
     /// Asks for the shard's status.
     StatusRequest,
+    /// The server's first frame on every connection: the nonce the hello's proof covers.
+    Challenge {
+        /// Fresh random bytes, one per connection.
+        nonce: [u8; NONCE_LEN],
+    },
     /// Answer to hello: the shard's place and mode.
     Welcome {
         /// Shard index.
@@ -223,6 +257,7 @@ impl Frame {
     pub fn name(&self) -> &'static str {
         match self {
             Frame::Hello { .. } => "hello",
+            Frame::Challenge { .. } => "challenge",
             Frame::Init { .. } => "init",
             Frame::Join => "join",
             Frame::Leave => "leave",
@@ -243,6 +278,7 @@ impl Frame {
     fn kind(&self) -> u8 {
         match self {
             Frame::Hello { .. } => 0x01,
+            Frame::Challenge { .. } => 0x80,
             Frame::Init { .. } => 0x02,
             Frame::Join => 0x03,
             Frame::Leave => 0x04,
@@ -326,8 +362,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     out.push(frame.kind());
     let mut w = Writer(out);
     match frame {
-        Frame::Hello { token, peer, total_len, total_steps } => {
-            w.string(token);
+        Frame::Hello { proof, peer, total_len, total_steps } => {
+            w.bytes(proof);
             match peer {
                 Peer::Worker { group, rank, attempt } => {
                     w.u8(0);
@@ -360,6 +396,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(p.samples);
             w.u32(p.epoch);
         }
+        Frame::Challenge { nonce } => w.bytes(nonce),
         Frame::Welcome { shard, replicas, start, end, total_len, mode, version } => {
             w.u32(*shard);
             w.u32(*replicas);
@@ -425,13 +462,13 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
     let mut r = Reader { buf: body, kind: name };
     let frame = match kind {
         0x01 => {
-            let token = r.string()?;
+            let proof = r.array("proof")?;
             let peer = match r.u8()? {
                 0 => Peer::Worker { group: r.u32()?, rank: r.u32()?, attempt: r.u32()? },
                 1 => Peer::Observer,
                 other => return Err(r.bad(format!("unknown peer kind {other}"))),
             };
-            Frame::Hello { token, peer, total_len: r.u64()?, total_steps: r.u64()? }
+            Frame::Hello { proof, peer, total_len: r.u64()?, total_steps: r.u64()? }
         }
         0x02 => Frame::Init { offset: r.u64()?, values: r.floats()? },
         0x03 => Frame::Join,
@@ -448,6 +485,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples, epoch })
         }
         0x08 => Frame::StatusRequest,
+        0x80 => Frame::Challenge { nonce: r.array("nonce")? },
         0x81 => {
             let shard = r.u32()?;
             let replicas = r.u32()?;
@@ -493,6 +531,7 @@ fn kind_name(kind: u8) -> Option<&'static str> {
         0x06 => "pull",
         0x07 => "report",
         0x08 => "status-request",
+        0x80 => "challenge",
         0x81 => "welcome",
         0x82 => "joined",
         0x83 => "left",
@@ -562,6 +601,9 @@ impl Writer<'_> {
     }
     fn f32(&mut self, v: f32) {
         self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, v: &[u8]) {
+        self.0.extend_from_slice(v);
     }
     fn f64(&mut self, v: f64) {
         self.0.extend_from_slice(&v.to_le_bytes());
@@ -648,12 +690,13 @@ mod tests {
     fn all_frames() -> Vec<Frame> {
         vec![
             Frame::Hello {
-                token: "s3cret".into(),
+                proof: [7; PROOF_LEN],
                 peer: Peer::Worker { group: 3, rank: 1, attempt: 2 },
                 total_len: 1234,
                 total_steps: 625,
             },
-            Frame::Hello { token: String::new(), peer: Peer::Observer, total_len: 0, total_steps: 0 },
+            Frame::Hello { proof: [0; PROOF_LEN], peer: Peer::Observer, total_len: 0, total_steps: 0 },
+            Frame::Challenge { nonce: [0xab; NONCE_LEN] },
             Frame::Init { offset: 7, values: vec![1.0, -2.5, 3.25] },
             Frame::Join,
             Frame::Leave,
@@ -749,6 +792,23 @@ mod tests {
         body.extend_from_slice(&0u64.to_le_bytes());
         body.extend_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(decode_body(0x02, &body), Err(WireError::Malformed { kind: "init", .. })));
+    }
+
+    #[test]
+    fn a_hello_proof_depends_on_the_token_the_challenge_and_every_field() {
+        let peer = Peer::Worker { group: 1, rank: 2, attempt: 3 };
+        let base = hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 20);
+        assert_eq!(base, hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 20));
+        for other in [
+            hello_proof(b"tokem", &[1; NONCE_LEN], peer, 10, 20),
+            hello_proof(b"token", &[2; NONCE_LEN], peer, 10, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], Peer::Observer, 10, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], Peer::Worker { group: 1, rank: 2, attempt: 4 }, 10, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], peer, 11, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 21),
+        ] {
+            assert_ne!(other, base);
+        }
     }
 
     #[test]

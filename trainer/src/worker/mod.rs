@@ -191,7 +191,8 @@ pub fn run<C: Communicator>(
     let data = crate::compute::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
     // The job's facts, decided once: what the servers do and how long the run is. The servers'
     // schedule spans the plan's step count, which the hello tells them.
-    let plan = JobPlan::resolve(spec, data.train.len() as u64).map_err(|e| WorkerError::Config(e.to_string()))?;
+    let plan =
+        JobPlan::resolve(spec, data.train.len() as u64).map_err(|e| WorkerError::Config(e.to_string()))?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
     if trainer.total_steps() != plan.total_steps {
         return Err(WorkerError::Config(format!(

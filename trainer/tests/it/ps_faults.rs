@@ -11,10 +11,21 @@ use crate::ps_common::{Job, TOKEN, addrs, eventually, worker_config};
 use tandem::ps::client::{ClientError, PsClient};
 use tandem::ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 
-fn raw(addr: &str) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
+/// A raw connection, past the server's challenge, with the challenge's nonce.
+fn raw_challenged(addr: &str) -> (TcpStream, [u8; wire::NONCE_LEN]) {
+    let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s
+    let Frame::Challenge { nonce } = reply(&mut s) else { panic!("the server opens with a challenge") };
+    (s, nonce)
+}
+
+fn raw(addr: &str) -> TcpStream {
+    raw_challenged(addr).0
+}
+
+fn hello(token: &str, nonce: &[u8; wire::NONCE_LEN], peer: Peer, total_len: u64, total_steps: u64) -> Frame {
+    let proof = wire::hello_proof(token.as_bytes(), nonce, peer, total_len, total_steps);
+    Frame::Hello { proof, peer, total_len, total_steps }
 }
 
 fn send(s: &mut TcpStream, frame: &Frame) {
@@ -71,13 +82,19 @@ fn hostile_bytes_and_wrong_tokens_are_refused_while_training_goes_on() {
     assert!(refused_with(reply(&mut s), ErrorCode::Unauthenticated));
     assert!(closed(&mut s));
 
-    // A wrong token, on a worker hello and an observer hello.
+    // A wrong token, on a worker hello and an observer hello; and a right proof replayed on
+    // another connection (it covers the first connection's challenge only).
     for peer in [Peer::Worker { group: 0, rank: 0, attempt: 0 }, Peer::Observer] {
-        let mut s = raw(&ps.addr);
-        send(&mut s, &Frame::Hello { token: "not-the-token".into(), peer, total_len: 8, total_steps: 1000 });
+        let (mut s, nonce) = raw_challenged(&ps.addr);
+        send(&mut s, &hello("not-the-token", &nonce, peer, 8, 1000));
         assert!(refused_with(reply(&mut s), ErrorCode::Unauthenticated));
         assert!(closed(&mut s));
     }
+    let (_first, nonce) = raw_challenged(&ps.addr);
+    let mut s = raw(&ps.addr);
+    send(&mut s, &hello(TOKEN, &nonce, Peer::Observer, 0, 0));
+    assert!(refused_with(reply(&mut s), ErrorCode::Unauthenticated), "a replayed proof is refused");
+    assert!(closed(&mut s));
 
     // A header announcing a 1 GiB body is refused before anything is read.
     let mut s = raw(&ps.addr);
@@ -88,8 +105,8 @@ fn hostile_bytes_and_wrong_tokens_are_refused_while_training_goes_on() {
     assert!(closed(&mut s));
 
     // After a proper hello: an unknown kind and a truncated body are answered, and the session goes on.
-    let mut s = raw(&ps.addr);
-    send(&mut s, &Frame::Hello { token: TOKEN.into(), peer: Peer::Observer, total_len: 0, total_steps: 0 });
+    let (mut s, nonce) = raw_challenged(&ps.addr);
+    send(&mut s, &hello(TOKEN, &nonce, Peer::Observer, 0, 0));
     assert!(matches!(reply(&mut s), Frame::Welcome { shard: 0, .. }));
     s.write_all(&[0, 0, 0, 2, b'T', b'P', PROTOCOL_VERSION, 0x42, 1, 2]).unwrap();
     assert!(refused_with(reply(&mut s), ErrorCode::UnknownFrame));
@@ -235,4 +252,17 @@ fn a_worker_of_another_mode_or_run_length_is_refused_at_hello() {
     longer.total_steps = 2000;
     let err = PsClient::connect(longer).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("over 1000 steps but the client's run has 2000"), "{err}");
+}
+
+#[test]
+fn a_client_with_the_wrong_token_is_refused_with_an_error_that_says_so() {
+    let job = Job::new("ps-sync", 0, 1, 0);
+    let ps = job.spawn_ps(0, 0);
+    let servers = vec![ps.addr.clone()];
+    let mut config = worker_config(&servers, 0, 0, 0, 4);
+    config.token = "not-this-jobs-token".into();
+    let err = PsClient::connect(config).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("wrong job token") && err.contains("same token file"), "{err}");
+    // The right token still works.
+    PsClient::connect(worker_config(&servers, 0, 0, 0, 4)).unwrap();
 }

@@ -34,6 +34,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
 use crate::ps::wire::{self, Frame, HEADER_LEN, Peer, WireError};
+use crate::util::token;
 use checkpoint::CheckpointError;
 use http::{StatusDocument, StatusListener};
 use state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
@@ -237,8 +238,13 @@ async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, dir: Op
             }
             Event::Connected(s, tx) => {
                 writers.insert(s, tx);
-                state.connect(s);
-                Vec::new()
+                match token::random_bytes() {
+                    Ok(nonce) => state.connect(s, nonce),
+                    Err(e) => {
+                        tracing::warn!(session = s, error = %e, "no random challenge for a new connection; closing it");
+                        vec![Output::Close(s)]
+                    }
+                }
             }
             Event::Frame(s, frame) => state.handle(s, frame),
             Event::Wire(s, error) => state.refuse_wire(s, &error),

@@ -4,8 +4,10 @@
 //! [`ShardState::disconnect`] events per connection (a *session*) and carries out the returned
 //! [`Output`]s; tests feed it the same events from a simulated network.
 //!
-//! Expected flow: see [`crate::ps`]. Every session must start with a hello carrying the job token;
-//! anything else, or a wrong token, is refused and the session closed.
+//! Expected flow: see [`crate::ps`]. The driver announces each connection with a fresh nonce,
+//! which the shard sends as a challenge; every session must then start with a hello that proves
+//! the job token over it ([`crate::ps::wire::hello_proof`]); anything else, or a wrong proof, is
+//! refused and the session closed.
 //!
 //! Guarantees, per [`PsMode`]:
 //! - A group's *contribution* for a step is complete when its ranks' pushes cover this shard's
@@ -38,7 +40,7 @@ use crate::util::token;
 
 use super::optim::ShardOptimizer;
 use crate::ps::shard;
-use crate::ps::wire::{ErrorCode, Frame, Peer, Progress, WireError};
+use crate::ps::wire::{ErrorCode, Frame, NONCE_LEN, Peer, Progress, WireError, hello_proof};
 use tandem_api::PsMode;
 
 /// Identifies one connection for the lifetime of a server.
@@ -212,6 +214,8 @@ impl Group {
 
 struct Session {
     peer: Option<Peer>,
+    /// The challenge sent on connect.
+    nonce: [u8; NONCE_LEN],
 }
 
 struct Waiting {
@@ -400,9 +404,11 @@ impl ShardState {
         }
     }
 
-    /// A new connection.
-    pub fn connect(&mut self, session: SessionId) {
-        self.sessions.insert(session, Session { peer: None });
+    /// A new connection, challenged with `nonce` (fresh random bytes from the driver): the
+    /// session's hello must carry [`crate::ps::wire::hello_proof`] over it.
+    pub fn connect(&mut self, session: SessionId, nonce: [u8; NONCE_LEN]) -> Vec<Output> {
+        self.sessions.insert(session, Session { peer: None, nonce });
+        vec![Output::Send(session, Frame::Challenge { nonce })]
     }
 
     /// A connection closed (or was closed). A group whose last connection closes leaves.
@@ -440,21 +446,22 @@ impl ShardState {
     /// Handles one frame from `session`.
     pub fn handle(&mut self, session: SessionId, frame: Frame) -> Vec<Output> {
         let mut out = Vec::new();
-        let peer = match self.sessions.get(&session) {
-            Some(s) => s.peer,
-            None => {
-                // A frame for a session the driver never announced: treat it as new.
-                self.connect(session);
-                None
-            }
+        let Some(&Session { peer, nonce }) = self.sessions.get(&session) else {
+            // A frame for a session the driver never announced, so never challenged.
+            let msg = format!("{} on a connection that was never challenged", frame.name());
+            self.refuse(&mut out, session, ErrorCode::Protocol, msg);
+            out.push(Output::Close(session));
+            return out;
         };
         match (peer, frame) {
-            (None, Frame::Hello { token, peer, total_len, total_steps }) => {
-                self.hello(&mut out, session, &token, peer, total_len, total_steps)
+            (None, Frame::Hello { proof, peer, total_len, total_steps }) => {
+                let want = hello_proof(self.config.token.as_bytes(), &nonce, peer, total_len, total_steps);
+                let proven = token::same_bytes(&proof, &want);
+                self.hello(&mut out, session, proven, peer, total_len, total_steps)
             }
             (None, other) => {
                 let msg = format!(
-                    "{} before hello: every connection must first say hello with the job token",
+                    "{} before hello: every connection must first answer the challenge with a hello that proves the job token",
                     other.name()
                 );
                 self.refuse(&mut out, session, ErrorCode::Unauthenticated, msg);
@@ -516,13 +523,16 @@ impl ShardState {
         &mut self,
         out: &mut Vec<Output>,
         session: SessionId,
-        token: &str,
+        proven: bool,
         peer: Peer,
         total_len: u64,
         total_steps: u64,
     ) {
-        if !token::same_bytes(token.as_bytes(), self.config.token.as_bytes()) {
-            self.refuse(out, session, ErrorCode::Unauthenticated, "wrong job token".into());
+        if !proven {
+            let msg = "wrong job token: the hello's proof does not match this job's token; workers and \
+                       parameter servers must read the same token file (TANDEM_TOKEN_FILE)"
+                .into();
+            self.refuse(out, session, ErrorCode::Unauthenticated, msg);
             out.push(Output::Close(session));
             return;
         }

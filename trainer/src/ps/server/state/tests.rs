@@ -29,11 +29,35 @@ struct Net {
     inbox: HashMap<SessionId, VecDeque<Frame>>,
     closed: HashSet<SessionId>,
     checkpoints: usize,
+    nonces: HashMap<SessionId, [u8; NONCE_LEN]>,
 }
 
 impl Net {
     fn new(config: ShardConfig) -> Self {
-        Self { shard: ShardState::new(config), inbox: HashMap::new(), closed: HashSet::new(), checkpoints: 0 }
+        Self {
+            shard: ShardState::new(config),
+            inbox: HashMap::new(),
+            closed: HashSet::new(),
+            checkpoints: 0,
+            nonces: HashMap::new(),
+        }
+    }
+
+    /// Connects session `s`, which the shard challenges with a nonce of its own.
+    fn connect(&mut self, s: SessionId) {
+        let nonce = [s as u8 ^ 0x5a; NONCE_LEN];
+        let outs = self.shard.connect(s, nonce);
+        assert!(
+            matches!(&outs[..], [Output::Send(to, Frame::Challenge { nonce: n })] if *to == s && *n == nonce)
+        );
+        self.nonces.insert(s, nonce);
+    }
+
+    /// The hello of a client of `token` on session `s`, proving it over the session's challenge.
+    fn hello(&self, s: SessionId, token: &str, peer: Peer, total_len: u64, total_steps: u64) -> Frame {
+        let nonce = self.nonces.get(&s).copied().unwrap_or_default();
+        let proof = hello_proof(token.as_bytes(), &nonce, peer, total_len, total_steps);
+        Frame::Hello { proof, peer, total_len, total_steps }
     }
 
     fn apply(&mut self, outs: Vec<Output>) {
@@ -75,13 +99,8 @@ impl Net {
     }
 
     fn worker(&mut self, s: SessionId, group: u32, rank: u32, attempt: u32, total: u64) {
-        self.shard.connect(s);
-        let hello = Frame::Hello {
-            token: TOKEN.into(),
-            peer: Peer::Worker { group, rank, attempt },
-            total_len: total,
-            total_steps: STEPS,
-        };
+        self.connect(s);
+        let hello = self.hello(s, TOKEN, Peer::Worker { group, rank, attempt }, total, STEPS);
         assert!(matches!(self.call(s, hello), Frame::Welcome { .. }));
     }
 
@@ -128,17 +147,23 @@ fn frames_before_hello_and_wrong_tokens_are_refused_and_others_keep_working() {
     let mut net = Net::new(config(PsMode::Async { staleness: None }, 1, 0));
     net.joined_worker(1, 0, 2, &[1.0, 2.0]);
 
-    net.shard.connect(2);
+    net.connect(2);
     net.send(2, Frame::Pull { offset: 0, len: 2 });
     assert!(is_error(&net.take(2)[0], ErrorCode::Unauthenticated));
     assert!(net.closed.contains(&2), "an unauthenticated session is closed");
 
-    net.shard.connect(3);
-    let bad = Frame::Hello { token: "guess".into(), peer: Peer::Observer, total_len: 0, total_steps: 0 };
+    net.connect(3);
+    let bad = net.hello(3, "guess", Peer::Observer, 0, 0);
     assert!(is_error(&net.call(3, bad), ErrorCode::Unauthenticated));
     assert!(net.closed.contains(&3));
 
-    net.shard.connect(4);
+    // A proof covers its own connection's challenge: replayed on another connection, refused.
+    net.connect(9);
+    let replayed = net.hello(1, TOKEN, Peer::Observer, 0, 0);
+    assert!(is_error(&net.call(9, replayed), ErrorCode::Unauthenticated));
+    assert!(net.closed.contains(&9));
+
+    net.connect(4);
     let outs = net.shard.refuse_wire(4, &WireError::BadMagic { found: *b"GE" });
     net.apply(outs);
     assert!(net.closed.contains(&4), "a frame whose stream cannot be followed closes the session");
@@ -149,15 +174,15 @@ fn frames_before_hello_and_wrong_tokens_are_refused_and_others_keep_working() {
 
     assert!(matches!(net.push(1, 0, vec![0.5, 0.5]), Frame::Ack { version: 1, clock: 1 }));
     assert_eq!(net.pull(1, 0, 2), Some(vec![0.5, 1.5]));
-    assert_eq!(net.shard.status().refused, 4);
+    assert_eq!(net.shard.status().refused, 5);
 }
 
 #[test]
 fn observers_read_status_and_weights_but_cannot_write() {
     let mut net = Net::new(config(PsMode::Sync, 2, 1));
     net.joined_worker(1, 0, 5, &[7.0, 8.0]);
-    net.shard.connect(2);
-    let hello = Frame::Hello { token: TOKEN.into(), peer: Peer::Observer, total_len: 0, total_steps: 0 };
+    net.connect(2);
+    let hello = net.hello(2, TOKEN, Peer::Observer, 0, 0);
     assert!(matches!(net.call(2, hello), Frame::Welcome { shard: 1, start: 3, end: 5, total_len: 5, .. }));
     assert!(is_error(&net.push(2, 3, vec![1.0, 1.0]), ErrorCode::Protocol));
     assert_eq!(net.pull(2, 3, 2), Some(vec![7.0, 8.0]));
@@ -178,13 +203,8 @@ fn observers_read_status_and_weights_but_cannot_write() {
 fn a_client_with_another_model_size_is_refused() {
     let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.worker(1, 0, 0, 0, 10);
-    net.shard.connect(2);
-    let hello = Frame::Hello {
-        token: TOKEN.into(),
-        peer: Peer::Worker { group: 1, rank: 0, attempt: 0 },
-        total_len: 11,
-        total_steps: STEPS,
-    };
+    net.connect(2);
+    let hello = net.hello(2, TOKEN, Peer::Worker { group: 1, rank: 0, attempt: 0 }, 11, STEPS);
     assert!(is_error(&net.call(2, hello), ErrorCode::Mismatch));
     assert!(net.closed.contains(&2));
 }
@@ -197,13 +217,8 @@ fn ranges_outside_the_shard_and_workers_of_another_run_are_refused() {
     assert!(is_error(&net.call(1, Frame::Pull { offset: 0, len: 0 }), ErrorCode::BadRange));
     // A worker whose run has another length would decay the schedule differently.
     for total_steps in [STEPS + 1, 0] {
-        net.shard.connect(2);
-        let other = Frame::Hello {
-            token: TOKEN.into(),
-            peer: Peer::Worker { group: 1, rank: 0, attempt: 0 },
-            total_len: 4,
-            total_steps,
-        };
+        net.connect(2);
+        let other = net.hello(2, TOKEN, Peer::Worker { group: 1, rank: 0, attempt: 0 }, 4, total_steps);
         assert!(is_error(&net.call(2, other), ErrorCode::Mismatch), "a run of {total_steps} steps");
         assert!(net.closed.remove(&2));
     }
@@ -277,13 +292,8 @@ fn a_restarted_group_replaces_its_earlier_attempt() {
     net.push(1, 0, vec![8.0]); // half a contribution, then the group dies and restarts
     net.worker(4, 0, 0, 1, 2);
     assert!(net.closed.contains(&1) && net.closed.contains(&2), "old attempt's sessions closed");
-    net.shard.connect(5);
-    let stale = Frame::Hello {
-        token: TOKEN.into(),
-        peer: Peer::Worker { group: 0, rank: 1, attempt: 0 },
-        total_len: 2,
-        total_steps: STEPS,
-    };
+    net.connect(5);
+    let stale = net.hello(5, TOKEN, Peer::Worker { group: 0, rank: 1, attempt: 0 }, 2, STEPS);
     assert!(is_error(&net.call(5, stale), ErrorCode::Protocol), "an older attempt is refused");
     assert!(matches!(net.call(4, Frame::Join), Frame::Joined { clock: 0, version: 0 }));
     net.push(3, 0, vec![2.0, 2.0]);
@@ -494,13 +504,8 @@ fn the_learning_rate_schedule_spans_the_run_the_workers_announce() {
     let mut cfg = config(PsMode::Sync, 1, 0);
     cfg.optimizer.schedule.kind = tandem_api::ScheduleKind::Cosine;
     let mut net = Net::new(cfg.clone());
-    net.shard.connect(1);
-    let hello = Frame::Hello {
-        token: TOKEN.into(),
-        peer: Peer::Worker { group: 0, rank: 0, attempt: 0 },
-        total_len: 1,
-        total_steps: 2,
-    };
+    net.connect(1);
+    let hello = net.hello(1, TOKEN, Peer::Worker { group: 0, rank: 0, attempt: 0 }, 1, 2);
     assert!(matches!(net.call(1, hello), Frame::Welcome { .. }));
     assert!(matches!(net.call(1, Frame::Init { offset: 0, values: vec![0.0] }), Frame::Ack { .. }));
     assert!(matches!(net.call(1, Frame::Join), Frame::Joined { .. }));
