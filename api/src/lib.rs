@@ -8,6 +8,6 @@ pub mod contract;
 pub mod job;
 pub mod plan;
 
-pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
+pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine};
 pub use job::*;
 pub use plan::{JobPlan, PlanError, PsMode};

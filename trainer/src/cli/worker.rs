@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use tandem::comm::Communicator;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
-use tandem_api::contract::Role;
+use tandem_api::contract::{GroupReport, Role, WorkerLine};
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -84,19 +84,23 @@ fn train<C: Communicator>(
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
     let summary = worker::run(job, place, token, &args.data_dir, device, comm, |p| {
-        println!("{}", serde_json::json!({"event": "progress", "group": group, "progress": p}));
+        let progress = GroupReport {
+            step: p.step,
+            loss: p.loss.map(f64::from),
+            accuracy: p.accuracy.map(f64::from),
+            samples: p.samples,
+            epoch: u64::from(p.epoch),
+        };
+        println!("{}", WorkerLine::Progress { group, progress }.to_line());
     })
     .with_context(|| format!("worker {group}/{rank}"))?;
-    println!(
-        "{}",
-        serde_json::json!({
-            "event": "finished",
-            "group": group,
-            "rank": rank,
-            "steps": summary.steps,
-            "start_step": summary.start_step,
-            "accuracy": summary.accuracy,
-        })
-    );
+    let finished = WorkerLine::Finished {
+        group,
+        rank,
+        steps: summary.steps,
+        start_step: summary.start_step,
+        accuracy: Some(summary.accuracy),
+    };
+    println!("{}", finished.to_line());
     Ok(())
 }
