@@ -5,15 +5,30 @@ SHELL := /bin/bash
 CARGO ?= cargo
 TEST_TARGETS :=
 
-.PHONY: all demo test lint fmt-check clippy unit-test crds crd-check deps
+.PHONY: all demo test lint fmt-check clippy unit-test crds crd-check deps fresh-check FORCE
 
 all: test
 
+# Every goal, whatever its name (those of mk/*.mk and any added later), first makes sure the Debian
+# packages the build needs are installed: GNU make remakes its included makefiles before it builds
+# anything, so this rule runs once per `make` invocation. scripts/install-deps.sh is a few checks when
+# nothing is missing; the file is never written, so make does not restart.
+-include target/.ensure-deps.mk
+target/.ensure-deps.mk: FORCE
+	@scripts/install-deps.sh
+FORCE:
+
 include $(sort $(wildcard mk/*.mk))
 
-## deps: Debian packages the build and tests need (OpenMPI, libclang for rsmpi's bindgen).
+## deps: Debian packages the build and tests need (OpenMPI, libclang for rsmpi's bindgen, …).
 deps:
 	@scripts/install-deps.sh
+
+## fresh-check: `make demo` on a clean Debian root with only what a new machine has (not a test).
+## FRESH_GOALS picks other goals; state lives outside the repository and is removed afterwards.
+FRESH_GOALS ?= demo
+fresh-check:
+	@scripts/fresh-check.sh $(FRESH_GOALS)
 
 ## crds: regenerate the CRD YAML from the api crate.
 crds:
@@ -26,14 +41,19 @@ crd-check:
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
-clippy: deps
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+# Lints every target, the cluster and e2e tests included, with the feature set of the test build.
+clippy:
+	$(CARGO) clippy --workspace --all-targets --features $(TEST_FEATURES),tandem-e2e/e2e -- -D warnings
 
 lint: fmt-check clippy
 
-unit-test: deps
+## unit-test: the workspace's tests that need no cluster (a developer's quick run; `make test` runs
+## them inside test-cluster, in the same build as the cluster tests).
+unit-test:
 	$(CARGO) test --workspace
 
-## test: every check and test, the command CI runs.
-test: lint unit-test crd-check $(TEST_TARGETS)
+## test: every check and test, the command CI runs. Every cargo command in it selects the whole
+## workspace with the same features (TEST_FEATURES are empty flags that only add test targets), so the
+## dependencies compile once; the CRDs' staleness is a unit test of xtask (crd-check is for humans).
+test: lint $(TEST_TARGETS)
 	@echo "make test: all checks passed"

@@ -3,8 +3,8 @@
 # the CRDs, runs the operator and the node agent as local processes and runs the e2e tests against them.
 # Everything it started is stopped however it ends (trap). Prints the wall time at the end.
 #
-# Environment: TANDEM_CLUSTER_DIR (default /tmp/tandem-e2e-cluster), CARGO, CARGO_TARGET_DIR (the
-# operator and the agent; `tandem` always goes to target/debug), E2E_KEEP=1 keeps
+# Environment: TANDEM_CLUSTER_DIR (default /tmp/tandem-e2e-cluster), CARGO, CARGO_TARGET_DIR,
+# TEST_FEATURES (set by make), E2E_KEEP=1 keeps
 # the logs folder after a success too, E2E_TEST_ARGS (extra `cargo test` arguments, e.g. a test name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +15,11 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 K8S_BIN="$(scripts/controlplane/bin-dir.sh)"
 log() { echo "e2e: $*" >&2; }
 
-log "building tandem, tandem-operator and tandem-node (dev profile: deps are optimised, and it shares the cache of the other tests)"
-env -u CARGO_TARGET_DIR "$CARGO" build -q -p tandem-trainer --bin tandem
-"$CARGO" build -q -p tandem-operator -p tandem-e2e --bins
-"$CARGO" test -q -p tandem-e2e --features e2e --no-run
+# The whole workspace with the features of `make test`'s other builds (empty flags that only add test
+# targets), so nothing is compiled twice: this builds tandem, tandem-operator, tandem-node and the tests.
+FEATURES="${TEST_FEATURES:-tandem-testkit/cluster-tests,tandem-operator/cluster-tests},tandem-e2e/e2e"
+log "building tandem, tandem-operator, tandem-node and the e2e tests (dev profile, workspace features $FEATURES)"
+"$CARGO" test -q --workspace --features "$FEATURES" --no-run
 
 WORK="$(mktemp -d /tmp/tandem-e2e.XXXXXX)"
 pids=()
@@ -50,14 +51,14 @@ metrics_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1
   >"$WORK/operator.log" 2>&1 &
 pids+=($!)
 "$TARGET/debug/tandem-node" --node-name tandem-e2e-node --state-dir "$WORK/node" --workdir "$PWD" \
-  --selector app.kubernetes.io/managed-by=tandem-operator --command "tandem=$PWD/target/debug/tandem" \
+  --selector app.kubernetes.io/managed-by=tandem-operator --command "tandem=$(cd "$TARGET" && pwd)/debug/tandem" \
   >"$WORK/node.log" 2>&1 &
 pids+=($!)
 kubectl wait --for condition=Ready --timeout=60s node/tandem-e2e-node >/dev/null
 
 log "running the e2e tests (operator log: $WORK/operator.log, node log: $WORK/node.log)"
 # shellcheck disable=SC2086
-if TANDEM_E2E_STATE="$WORK/node" TANDEM_E2E_WORK="$WORK" "$CARGO" test -p tandem-e2e --features e2e --test e2e \
+if TANDEM_E2E_STATE="$WORK/node" TANDEM_E2E_WORK="$WORK" "$CARGO" test --workspace --features "$FEATURES" --test e2e \
   -- ${E2E_TEST_ARGS:-}; then
   status=0
 else

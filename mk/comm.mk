@@ -3,9 +3,9 @@
 .PHONY: comm-test bench-allreduce
 
 ## comm-test: the collective tests only (real processes on loopback, and under mpirun).
-comm-test: deps
+comm-test:
 	$(CARGO) test -p tandem-trainer --test it -- comm_tcp:: comm_mpi::
 
 ## bench-allreduce: tandem tcp vs OpenMPI over TCP vs OpenMPI shared memory; writes out/bench/allreduce.
-bench-allreduce: deps
+bench-allreduce:
 	bench/allreduce.sh

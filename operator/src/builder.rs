@@ -43,17 +43,36 @@ pub const SCHEDULER_PLUGINS_SCHEDULER: &str = "scheduler-plugins-scheduler";
 pub const VOLCANO_GROUP_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 /// Pod label the scheduler-plugins coscheduling plugin reads.
 pub const SCHEDULER_PLUGINS_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
-/// Group of the trainer image's `tandem` user (uid 1000): the `fsGroup` of MPI worker and
-/// launcher pods whose template sets none, so that it can read the mounted SSH key.
+/// Key (and file name) of the host CA's private key in a job's SSH Secret.
+pub const SSH_HOST_CA_KEY: &str = "host-ca-key";
+/// Key (and file name) of the `known_hosts` in a job's SSH Secret.
+pub const SSH_KNOWN_HOSTS: &str = "known_hosts";
+/// The trainer image's sshd wrapper that MPI workers run (docker/tandem-sshd): it makes the pod's
+/// host key, certifies it with the job's host CA and execs sshd with the given arguments.
+pub const SSHD_COMMAND: &str = "tandem-sshd";
+
+/// Group of the trainer image's `tandem` user (uid 1000): the `fsGroup` of every pod whose template
+/// sets none, so that it can read the mounted job token and SSH keys.
 pub const TRAINER_FS_GROUP: i64 = 1000;
 
-/// The SSH key pair of a `backend: mpi` job, in OpenSSH formats.
+/// The SSH keys of a `backend: mpi` job, in OpenSSH formats: the user key pair the launcher logs
+/// in with, and the job's host CA, which certifies the host key every worker makes at start (so
+/// that the launcher checks host keys without any being baked into the image).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SshKeys {
     /// `-----BEGIN OPENSSH PRIVATE KEY-----` block.
     pub private_key: String,
     /// `ssh-ed25519 AAAA… comment` line.
     pub public_key: String,
+    /// The host CA's private key (mounted on workers only, as `host-ca-key`).
+    pub host_ca_private_key: String,
+    /// The host CA's public-key line (trusted through `known_hosts`).
+    pub host_ca_public_key: String,
+}
+
+/// The `known_hosts` of a job's pods: any host showing a certificate of the job's host CA.
+pub fn known_hosts(keys: &SshKeys) -> String {
+    format!("@cert-authority * {}\n", keys.host_ca_public_key.trim())
 }
 
 fn namespace(job: &TrainingJob) -> String {
@@ -155,14 +174,18 @@ pub fn token_secret(job: &TrainingJob, token: &str) -> Secret {
     }
 }
 
-/// The SSH key Secret of a `backend: mpi` job (`kubernetes.io/ssh-auth`).
+/// The SSH key Secret of a `backend: mpi` job (`kubernetes.io/ssh-auth`): the user key pair, the
+/// host CA key and the `known_hosts` that trusts it.
 pub fn ssh_secret(job: &TrainingJob, keys: &SshKeys) -> Secret {
+    let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
     Secret {
         metadata: meta(job, names::ssh_secret(&job.name_any()), "launcher"),
         type_: Some("kubernetes.io/ssh-auth".to_owned()),
         data: Some(BTreeMap::from([
-            ("ssh-privatekey".to_owned(), ByteString(keys.private_key.as_bytes().to_vec())),
-            ("ssh-publickey".to_owned(), ByteString(keys.public_key.as_bytes().to_vec())),
+            ("ssh-privatekey".to_owned(), bytes(&keys.private_key)),
+            ("ssh-publickey".to_owned(), bytes(&keys.public_key)),
+            (SSH_HOST_CA_KEY.to_owned(), bytes(&keys.host_ca_private_key)),
+            (SSH_KNOWN_HOSTS.to_owned(), bytes(&known_hosts(keys))),
         ])),
         ..Secret::default()
     }
@@ -249,7 +272,7 @@ pub fn pod(job: &TrainingJob, role: Role, attempt: u32) -> Pod {
     if container.command.is_none() && container.args.is_none() {
         container.command = Some(match role {
             Role::Worker { .. } if mpi => {
-                ["/usr/sbin/sshd", "-De", "-p", &names::SSH_PORT.to_string()].map(str::to_owned).to_vec()
+                [SSHD_COMMAND, "-p", &names::SSH_PORT.to_string()].map(str::to_owned).to_vec()
             }
             _ => vec!["tandem".to_owned(), role.name().to_owned()],
         });
@@ -323,12 +346,15 @@ pub fn pod(job: &TrainingJob, role: Role, attempt: u32) -> Pod {
         });
     }
 
-    if mpi && !matches!(role, Role::Ps { .. }) {
-        // Secret files are root-owned 0600; with an fsGroup the kubelet makes them readable by it.
-        let security = pod_spec.security_context.get_or_insert_with(PodSecurityContext::default);
-        security.fs_group.get_or_insert(TRAINER_FS_GROUP);
-    }
-    pod_spec.restart_policy = Some("Never".to_owned());
+    // Secret files (the token on every pod, the SSH keys on MPI pods) are root-owned 0400/0600; with
+    // an fsGroup the kubelet makes them group-readable by it, so the image's user can read them.
+    let security = pod_spec.security_context.get_or_insert_with(PodSecurityContext::default);
+    security.fs_group.get_or_insert(TRAINER_FS_GROUP);
+    // A PS restarts in place (the kubelet restarts its container in the same pod, whose output
+    // volume keeps its checkpoints; the operator counts those restarts, see `plan`). Workers and
+    // launchers never do: their whole group restarts as a new attempt.
+    pod_spec.restart_policy =
+        Some(if matches!(role, Role::Ps { .. }) { "OnFailure" } else { "Never" }.to_owned());
     pod_spec.hostname = Some(names::pod(&name, role));
     pod_spec.subdomain = Some(names::service(&name));
     pod_spec.enable_service_links = Some(false);
@@ -410,8 +436,8 @@ fn contract_env(role: Role, attempt: u32) -> Vec<EnvVar> {
         .collect()
 }
 
-/// OpenMPI settings of a launcher: the group's hostfile, sshd on the workers' port, patience
-/// while worker DNS records appear.
+/// OpenMPI settings of a launcher: the group's hostfile, sshd on the workers' port, their host
+/// certificates checked against the job's CA, patience while worker DNS records appear.
 fn launcher_env() -> Vec<EnvVar> {
     [
         ("OMPI_MCA_orte_default_hostfile", format!("{}/{}", names::HOSTFILE_DIR, names::HOSTFILE)),
@@ -420,9 +446,10 @@ fn launcher_env() -> Vec<EnvVar> {
         (
             "OMPI_MCA_plm_rsh_args",
             format!(
-                "-p {} -i {}/ssh-privatekey -o ConnectionAttempts=10 -o StrictHostKeyChecking=no",
-                names::SSH_PORT,
-                names::SSH_DIR
+                "-p {port} -i {dir}/ssh-privatekey -o ConnectionAttempts=10 -o StrictHostKeyChecking=yes \
+                 -o UserKnownHostsFile={dir}/{SSH_KNOWN_HOSTS} -o GlobalKnownHostsFile=/dev/null",
+                port = names::SSH_PORT,
+                dir = names::SSH_DIR
             ),
         ),
     ]
@@ -493,16 +520,22 @@ fn pod_volumes(job: &TrainingJob, role: Role, mpi: bool) -> Vec<Volume> {
         },
     ];
     if mpi && !matches!(role, Role::Ps { .. }) {
+        let mut items = vec![
+            key_to_path("ssh-privatekey", "ssh-privatekey"),
+            key_to_path("ssh-publickey", "ssh-publickey"),
+            key_to_path("ssh-publickey", "authorized_keys"),
+            key_to_path(SSH_KNOWN_HOSTS, SSH_KNOWN_HOSTS),
+        ];
+        // Only workers certify a host key; the launcher only checks certificates.
+        if let Role::Worker { .. } = role {
+            items.push(key_to_path(SSH_HOST_CA_KEY, SSH_HOST_CA_KEY));
+        }
         volumes.push(Volume {
             name: "tandem-ssh".to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(names::ssh_secret(&name)),
                 default_mode: Some(0o600),
-                items: Some(vec![
-                    key_to_path("ssh-privatekey", "ssh-privatekey"),
-                    key_to_path("ssh-publickey", "ssh-publickey"),
-                    key_to_path("ssh-publickey", "authorized_keys"),
-                ]),
+                items: Some(items),
                 ..SecretVolumeSource::default()
             }),
             ..Volume::default()

@@ -18,6 +18,15 @@
 //!   permanent and fail the job; with `restartPolicy: Never` every failure does.
 //! - Each restart counts towards `maxRestarts`; the unit's pods return after
 //!   `backoffSeconds · 2^(attempt−1)` (at most an hour).
+//! - PS pods run with `restartPolicy: OnFailure`: when a PS process dies, the kubelet restarts its
+//!   container in the same pod, whose output volume (an emptyDir by default) keeps the shard's
+//!   checkpoints, so it resumes from them. The operator reads each new restart from the
+//!   container's `restartCount` and `lastState` ([`container_restart`]), judges its exit code by
+//!   the rules above, counts it towards `maxRestarts` (remembered per unit in
+//!   `status.attempts[].containerRestarts`) and fails the job on a permanent code or once the
+//!   restarts are used up. Back-off between such restarts is the kubelet's (CrashLoopBackOff). A PS
+//!   pod that is lost (evicted, node lost, deleted) is recreated as a new attempt: with an emptyDir
+//!   it starts from its initial weights, and the event says so.
 //! - A tcp group is done when all its workers succeeded, an mpi group when its launcher
 //!   succeeded; the job succeeds when every group in the spec is done.
 //! - Terminal phases are sticky: afterwards only `cleanPodPolicy` and the TTL act.
@@ -168,6 +177,23 @@ impl Failure {
         }
     }
 
+    /// The job's failure (reason, message) for this permanent failure.
+    fn permanent(&self, policy: &RunPolicy) -> (String, String) {
+        (self.reason().to_owned(), format!("{} (permanent: {})", self.describe(), self.why_permanent(policy)))
+    }
+
+    /// The job's failure (reason, message) when this failure finds the restarts used up.
+    fn exhausted(&self, policy: &RunPolicy) -> (String, String) {
+        (
+            "MaxRestartsExceeded".to_owned(),
+            format!(
+                "{}; the job already used all {} restarts of runPolicy.maxRestarts",
+                self.describe(),
+                policy.max_restarts
+            ),
+        )
+    }
+
     fn why_permanent(&self, policy: &RunPolicy) -> String {
         match (policy.restart_policy, &self.kind) {
             (RestartPolicy::Never, _) => "restartPolicy is Never".to_owned(),
@@ -219,6 +245,15 @@ pub fn exit_code(pod: &Pod) -> Option<i32> {
             .find(|code| name.is_some() || *code != 0)
     };
     code(Some(names::CONTAINER)).or_else(|| code(None))
+}
+
+/// The kubelet's in-place restarts of `pod`'s `tandem` container: its restart count and the exit
+/// code of the run that ended last (`None` when the kubelet reports none).
+pub fn container_restart(pod: &Pod) -> Option<(u32, Option<i32>)> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let c = statuses.iter().find(|s| s.name == names::CONTAINER)?;
+    let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| t.exit_code);
+    Some((u32::try_from(c.restart_count).unwrap_or(0), last))
 }
 
 fn failure_of(seen: &Seen<'_>) -> Option<Failure> {
@@ -443,39 +478,28 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
             continue;
         }
         if !failure.retryable(policy) {
-            failed = Some((
-                failure.reason().to_owned(),
-                format!("{} (permanent: {})", failure.describe(), failure.why_permanent(policy)),
-            ));
+            failed = Some(failure.permanent(policy));
             break;
         }
         if st.restarts >= policy.max_restarts {
-            failed = Some((
-                "MaxRestartsExceeded".to_owned(),
-                format!(
-                    "{}; the job already used all {} restarts of runPolicy.maxRestarts",
-                    failure.describe(),
-                    policy.max_restarts
-                ),
-            ));
+            failed = Some(failure.exhausted(policy));
             break;
         }
         st.restarts += 1;
         let attempt = current_attempt(&st, failure.role) + 1;
-        match st.attempts.iter_mut().find(|a| a.unit == unit) {
-            Some(record) => {
-                record.attempt = attempt;
-                record.last_restart_time = Some(Time(now));
-            }
-            None => st.attempts.push(UnitAttempt {
-                unit: unit.clone(),
-                attempt,
-                last_restart_time: Some(Time(now)),
-            }),
-        }
-        st.attempts.sort_by(|a, b| a.unit.cmp(&b.unit));
+        record_restart(&mut st, &unit, attempt, None, now);
         let what = match failure.role {
-            Role::Ps { index } => format!("parameter server {index} (it resumes from its latest checkpoint)"),
+            Role::Ps { index } => match &spec.training.checkpoint.claim_name {
+                Some(claim) => format!(
+                    "parameter server {index} in a new pod (it resumes from its newest checkpoint on \
+                     claim {claim}, if it wrote one)"
+                ),
+                None => format!(
+                    "parameter server {index} in a new pod, with a new emptyDir output volume: it starts \
+                     from its initial weights (set spec.training.checkpoint.claimName to keep checkpoints \
+                     when a pod is lost)"
+                ),
+            },
             Role::Worker { group, .. } | Role::Launcher { group } => format!("group {group} only"),
         };
         let message = format!(
@@ -484,23 +508,18 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
             st.restarts,
             policy.max_restarts
         );
-        set_condition(
-            &mut st.conditions,
-            condition::RESTARTING,
-            true,
-            failure.reason(),
-            &message,
-            now,
-            generation,
-        );
-        plan.events.push(Transition { warning: true, reason: failure.reason().to_owned(), message });
-        plan.restarted.push(failure.role);
+        announce_restart(&mut st, &mut plan, &failure, message, now, generation);
         for s in seen.iter().filter(|s| names::unit(s.role) == unit && !s.deleting) {
             if !plan.delete.contains(&s.name) {
                 plan.delete.push(s.name.clone());
             }
         }
         restarted_units.insert(unit);
+    }
+
+    // PS containers the kubelet restarted in place (restartPolicy OnFailure): count or fail.
+    if failed.is_none() {
+        failed = in_place_restarts(job, &seen, &old, &mut st, &mut plan, &restarted_units, now);
     }
 
     // Deadline.
@@ -626,7 +645,7 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
                 && (!mpi || find(Role::Launcher { group }).is_some_and(|s| s.running() || s.succeeded()))
         });
     let restarting = waiting
-        || !restarted_units.is_empty()
+        || !plan.restarted.is_empty()
         || (condition_is(&old, condition::RESTARTING, "True").is_some() && !all_running);
     let leaving = seen.iter().any(|s| !in_range(job, s.role));
     let scaling = !restarting && old.start_time.is_some() && (leaving || !all_running);
@@ -666,6 +685,97 @@ pub fn decide(job: &TrainingJob, observed: &Observed<'_>, settings: &Settings) -
     }
     plan.status = st;
     plan
+}
+
+/// New in-place restarts of current PS pods: each is judged like a failed pod (a permanent exit
+/// code or used-up restarts fail the job: the returned reason and message) and otherwise counted
+/// towards `maxRestarts`, without touching the pod.
+fn in_place_restarts(
+    job: &TrainingJob,
+    seen: &[Seen<'_>],
+    old: &TrainingJobStatus,
+    st: &mut TrainingJobStatus,
+    plan: &mut Plan,
+    restarted_units: &BTreeSet<String>,
+    now: Timestamp,
+) -> Option<(String, String)> {
+    let policy = &job.spec.run_policy;
+    let generation = job.metadata.generation;
+    for s in seen.iter().filter(|s| matches!(s.role, Role::Ps { .. }) && !s.deleting && in_range(job, s.role))
+    {
+        let unit = names::unit(s.role);
+        let record = attempt_of(old, &unit);
+        if restarted_units.contains(&unit) || s.attempt < record.map_or(0, |r| r.attempt) {
+            continue;
+        }
+        let Some((count, exit)) = container_restart(s.pod) else { continue };
+        let counted = record.and_then(|r| r.container_restarts).unwrap_or(0);
+        if count <= counted {
+            continue;
+        }
+        let kind =
+            exit.map_or_else(|| FailureKind::Other("restarted by the kubelet".to_owned()), FailureKind::Exit);
+        let failure = Failure { pod: s.name.clone(), role: s.role, kind };
+        if !failure.retryable(policy) {
+            return Some(failure.permanent(policy));
+        }
+        let new = count - counted;
+        if st.restarts.saturating_add(new) > policy.max_restarts {
+            return Some(failure.exhausted(policy));
+        }
+        st.restarts += new;
+        record_restart(st, &unit, s.attempt, Some(count), now);
+        let message = format!(
+            "{} (retryable): the kubelet restarted its container in place, in the same pod, whose output \
+             volume keeps its checkpoints: it resumes from its newest checkpoint there, if it wrote one; \
+             restart {} of {}",
+            failure.describe(),
+            st.restarts,
+            policy.max_restarts
+        );
+        announce_restart(st, plan, &failure, message, now, generation);
+    }
+    None
+}
+
+/// Records a restart of `unit` at `now`: its pods' attempt, and the in-place restarts of that
+/// attempt's pod counted so far (`None` for a new attempt, whose pod has none).
+fn record_restart(
+    st: &mut TrainingJobStatus,
+    unit: &str,
+    attempt: u32,
+    container_restarts: Option<u32>,
+    now: Timestamp,
+) {
+    match st.attempts.iter_mut().find(|a| a.unit == unit) {
+        Some(record) => {
+            record.attempt = attempt;
+            record.last_restart_time = Some(Time(now));
+            record.container_restarts = container_restarts;
+        }
+        None => st.attempts.push(UnitAttempt {
+            unit: unit.to_owned(),
+            attempt,
+            last_restart_time: Some(Time(now)),
+            container_restarts,
+        }),
+    }
+    st.attempts.sort_by(|a, b| a.unit.cmp(&b.unit));
+}
+
+/// The Restarting condition, a warning Event and the restarts metric for a retried `failure`.
+fn announce_restart(
+    st: &mut TrainingJobStatus,
+    plan: &mut Plan,
+    failure: &Failure,
+    message: String,
+    now: Timestamp,
+    generation: Option<i64>,
+) {
+    let reason = failure.reason();
+    set_condition(&mut st.conditions, condition::RESTARTING, true, reason, &message, now, generation);
+    plan.events.push(Transition { warning: true, reason: reason.to_owned(), message });
+    plan.restarted.push(failure.role);
 }
 
 fn unit_in_spec(job: &TrainingJob, unit: &str) -> bool {

@@ -1,8 +1,11 @@
-//! Secret material the operator generates once per job: the job token and the SSH key pair of
-//! `backend: mpi` jobs; and reading the token back ([`token_of`]) to read the PS status endpoint.
+//! Secret material the operator generates once per job: the job token and the SSH keys of
+//! `backend: mpi` jobs (the launcher's user key pair and the job's host CA, with which each worker
+//! certifies the host key it makes at start); and reading the token back ([`token_of`]) to read
+//! the PS status endpoint.
 //!
 //! Guarantees: keys and tokens come from the operating system's CSPRNG (through `ring`); the SSH
-//! key pair is Ed25519 in OpenSSH's own formats, which OpenSSH's `ssh`/`sshd` read directly.
+//! keys are Ed25519 in OpenSSH's own formats, which OpenSSH's `ssh`, `sshd` and `ssh-keygen` read
+//! directly.
 //! Generation happens only when the Secret does not exist yet, so a reconcile never rotates a
 //! key under running pods.
 
@@ -39,8 +42,16 @@ pub fn token_of(secret: &Secret) -> Option<String> {
     (!token.is_empty()).then(|| token.to_owned())
 }
 
-/// A fresh Ed25519 SSH key pair labelled `comment`.
+/// A job's fresh SSH keys: the user key pair labelled `comment` and a host CA key pair labelled
+/// `<comment>-host-ca`.
 pub fn ssh_keys(comment: &str) -> Result<SshKeys, RandomError> {
+    let (private_key, public_key) = ed25519_pair(comment)?;
+    let (host_ca_private_key, host_ca_public_key) = ed25519_pair(&format!("{comment}-host-ca"))?;
+    Ok(SshKeys { private_key, public_key, host_ca_private_key, host_ca_public_key })
+}
+
+/// A fresh Ed25519 key pair: (OpenSSH private key, public-key line).
+fn ed25519_pair(comment: &str) -> Result<(String, String), RandomError> {
     let seed = random::<32>()?;
     let check = u32::from_be_bytes(random::<4>()?);
     let pair = Ed25519KeyPair::from_seed_unchecked(&seed).map_err(|_| RandomError)?;
@@ -54,7 +65,7 @@ fn put_string(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Encodes a key pair in the `openssh-key-v1` format (unencrypted) and the public-key line.
-fn openssh_keys(seed: &[u8; 32], public: &[u8], check: u32, comment: &str) -> SshKeys {
+fn openssh_keys(seed: &[u8; 32], public: &[u8], check: u32, comment: &str) -> (String, String) {
     const KEY_TYPE: &[u8] = b"ssh-ed25519";
     let mut public_blob = Vec::new();
     put_string(&mut public_blob, KEY_TYPE);
@@ -90,10 +101,7 @@ fn openssh_keys(seed: &[u8; 32], public: &[u8], check: u32, comment: &str) -> Ss
         pem.push('\n');
     }
     pem.push_str("-----END OPENSSH PRIVATE KEY-----\n");
-    SshKeys {
-        private_key: pem,
-        public_key: format!("ssh-ed25519 {} {comment}\n", STANDARD.encode(&public_blob)),
-    }
+    (pem, format!("ssh-ed25519 {} {comment}\n", STANDARD.encode(&public_blob)))
 }
 
 #[cfg(test)]
@@ -143,5 +151,46 @@ mod tests {
         let derived_key = derived.split_whitespace().nth(1).unwrap();
         let our_key = keys.public_key.split_whitespace().nth(1).unwrap();
         assert_eq!(derived_key, our_key);
+    }
+
+    /// What a worker's tandem-sshd does at start: ssh-keygen certifies a fresh host key with the
+    /// job's CA key, and the certificate names that CA, as the launcher's known_hosts expects.
+    #[test]
+    fn ssh_keygen_certifies_a_host_key_with_the_job_ca() {
+        use std::os::unix::fs::PermissionsExt;
+        let keys = ssh_keys("tandem@test").unwrap();
+        assert_ne!(keys.host_ca_public_key, keys.public_key);
+        let dir = std::env::temp_dir().join(format!("tandem-ssh-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("host-ca-key");
+        std::fs::write(&ca, &keys.host_ca_private_key).unwrap();
+        std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let host = dir.join("ssh_host_ed25519_key");
+        let run = |args: &[&std::ffi::OsStr]| {
+            let out = std::process::Command::new("ssh-keygen").args(args).output().expect("ssh-keygen");
+            assert!(out.status.success(), "ssh-keygen {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        run(&["-q", "-t", "ed25519", "-N", "", "-f"]
+            .map(std::ffi::OsStr::new)
+            .into_iter()
+            .chain([host.as_os_str()])
+            .collect::<Vec<_>>());
+        let public = host.with_extension("pub");
+        let principals = "w-0.j.ns.svc,w-0";
+        let mut sign: Vec<&std::ffi::OsStr> = ["-q", "-s"].map(std::ffi::OsStr::new).into_iter().collect();
+        sign.push(ca.as_os_str());
+        sign.extend(["-h", "-I", "w-0", "-n", principals].map(std::ffi::OsStr::new));
+        sign.push(public.as_os_str());
+        run(&sign);
+        let cert = dir.join("ssh_host_ed25519_key-cert.pub");
+        let listing = run(&[std::ffi::OsStr::new("-L"), std::ffi::OsStr::new("-f"), cert.as_os_str()]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(listing.contains("host certificate"), "{listing}");
+        assert!(listing.contains("w-0.j.ns.svc"), "{listing}");
+        // The CA's fingerprint in the certificate is that of the public key in known_hosts.
+        let ca_line = crate::builder::known_hosts(&keys);
+        assert!(ca_line.starts_with("@cert-authority * ssh-ed25519 "), "{ca_line}");
+        assert!(ca_line.contains(keys.host_ca_public_key.split_whitespace().nth(1).unwrap()));
     }
 }

@@ -61,7 +61,9 @@ fn pods_carry_the_launch_contract_that_the_trainer_reads_back() {
         let mounts: Vec<_> = c.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
         assert!(mounts.contains(&"/etc/tandem") && mounts.contains(&"/var/run/tandem"), "{mounts:?}");
         let spec = pod.spec.as_ref().unwrap();
-        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        // A PS restarts in place (its pod, and so its checkpoint folder, stays); workers never.
+        let policy = if matches!(role, Role::Ps { .. }) { "OnFailure" } else { "Never" };
+        assert_eq!(spec.restart_policy.as_deref(), Some(policy));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist-hybrid"));
         assert_eq!(spec.hostname, pod.metadata.name);
         let owner = &pod.owner_references()[0];
@@ -112,7 +114,25 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     );
     let worker = builder::pod(&job, Role::Worker { group: 1, rank: 2 }, 0);
     let c = main_container(&worker);
-    assert_eq!(c.command.as_ref().unwrap()[0], "/usr/sbin/sshd");
+    assert_eq!(c.command.as_deref().unwrap(), ["tandem-sshd", "-p", "2222"]);
+    let worker_ssh = worker.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+    let worker_items: Vec<String> = worker_ssh
+        .iter()
+        .find(|v| v.name == "tandem-ssh")
+        .unwrap()
+        .secret
+        .as_ref()
+        .unwrap()
+        .items
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|i| i.path.clone())
+        .collect();
+    assert!(
+        worker_items.contains(&"host-ca-key".to_owned()),
+        "workers certify their host key: {worker_items:?}"
+    );
     let probe = c.readiness_probe.as_ref().unwrap().tcp_socket.as_ref().unwrap();
     assert_eq!(probe.port, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2222));
     let launcher = builder::pod(&job, Role::Launcher { group: 1 }, 0);
@@ -120,13 +140,19 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
     assert_eq!(lc.command.as_deref(), Some(&["tandem".to_owned(), "launcher".to_owned()][..]));
     let vars = env_map(lc);
     assert_eq!(vars["OMPI_MCA_orte_default_hostfile"], "/etc/tandem/mpi/hostfile");
-    assert!(vars["OMPI_MCA_plm_rsh_args"].contains("-p 2222"));
+    let rsh = &vars["OMPI_MCA_plm_rsh_args"];
+    assert!(rsh.contains("-p 2222"), "{rsh}");
+    // Host keys are checked against the job's CA, never accepted blindly.
+    assert!(rsh.contains("StrictHostKeyChecking=yes"), "{rsh}");
+    assert!(rsh.contains("UserKnownHostsFile=/etc/tandem/ssh/known_hosts"), "{rsh}");
     let volumes = launcher.spec.as_ref().unwrap().volumes.as_ref().unwrap();
     let hostfile_volume = volumes.iter().find(|v| v.name == "tandem-hostfile").unwrap();
     assert_eq!(hostfile_volume.config_map.as_ref().unwrap().name, "bert-g1-hostfile");
     let ssh = volumes.iter().find(|v| v.name == "tandem-ssh").unwrap().secret.as_ref().unwrap();
     assert_eq!(ssh.secret_name.as_deref(), Some("bert-ssh"));
-    assert!(ssh.items.as_ref().unwrap().iter().any(|i| i.path == "authorized_keys"));
+    let items: Vec<&str> = ssh.items.as_ref().unwrap().iter().map(|i| i.path.as_str()).collect();
+    assert!(items.contains(&"known_hosts"), "{items:?}");
+    assert!(!items.contains(&"host-ca-key"), "the launcher does not get the host CA key: {items:?}");
     // The launcher needs no RDMA device and does not carry the workers' resources.
     assert!(lc.resources.is_none());
     // `tandem launcher` adds --allow-run-as-root itself, only when it runs as root.
@@ -136,8 +162,13 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
         let security = pod.spec.as_ref().unwrap().security_context.as_ref().unwrap();
         assert_eq!(security.fs_group, Some(builder::TRAINER_FS_GROUP));
     }
+    // So does every other pod, for the root-owned 0400 token (a real kubelet showed a PS as uid 1000
+    // failing to read it without an fsGroup).
     let ps = builder::pod(&job, Role::Ps { index: 0 }, 0);
-    assert!(ps.spec.as_ref().unwrap().security_context.is_none(), "PS pods mount no key");
+    assert_eq!(
+        ps.spec.as_ref().unwrap().security_context.as_ref().unwrap().fs_group,
+        Some(builder::TRAINER_FS_GROUP)
+    );
     let mut custom = job.clone();
     custom.spec.workers.template = Some(
         serde_json::from_value(serde_json::json!({"spec": {"securityContext": {"fsGroup": 2000}}})).unwrap(),

@@ -421,3 +421,98 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     let fine = decide(&job, &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) }, &settings);
     assert!(fine.force_delete.is_empty());
 }
+
+/// `pod`, still running, after the kubelet restarted its `tandem` container `count` times, the
+/// last run having exited with `code`.
+fn restarted_in_place(mut pod: Pod, count: i32, code: i32) -> Pod {
+    let status = pod.status.get_or_insert_with(PodStatus::default);
+    status.container_statuses = Some(vec![ContainerStatus {
+        name: names::CONTAINER.to_owned(),
+        restart_count: count,
+        state: Some(ContainerState { running: Some(Default::default()), ..ContainerState::default() }),
+        last_state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    }]);
+    pod
+}
+
+fn ps0_index(pods: &[Pod]) -> usize {
+    pods.iter().position(|p| p.name_any() == "mnist-hybrid-ps-0").unwrap()
+}
+
+#[test]
+fn a_ps_restarted_in_place_keeps_its_pod_and_is_counted_once() {
+    let mut job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    let i = ps0_index(&pods);
+    pods[i] = restarted_in_place(pods[i].clone(), 1, 137);
+    let plan = run(&job, &pods, t0());
+    assert!(plan.delete.is_empty() && plan.create.is_empty(), "the PS pod stays: {plan:?}");
+    assert_eq!(plan.status.restarts, 1);
+    assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
+    let record = plan.status.attempts.iter().find(|a| a.unit == "ps-0").unwrap();
+    assert_eq!((record.attempt, record.container_restarts), (0, Some(1)));
+    let event = plan.events.iter().find(|e| e.warning).unwrap();
+    assert!(event.message.contains("in place") && event.message.contains("if it wrote one"), "{event:?}");
+    assert_eq!(plan.restarted, vec![Role::Ps { index: 0 }]);
+    // The next reconcile sees the same restart count: nothing more is counted.
+    apply(&mut job, &mut pods, &plan);
+    let again = run(&job, &pods, at(5));
+    assert_eq!(again.status.restarts, 1);
+    assert!(again.restarted.is_empty() && again.events.iter().all(|e| !e.warning), "{:?}", again.events);
+    // A second crash of the same container counts once more.
+    pods[i] = restarted_in_place(pods[i].clone(), 2, 137);
+    let third = run(&job, &pods, at(10));
+    assert_eq!(third.status.restarts, 2);
+}
+
+#[test]
+fn a_ps_restarted_in_place_after_a_permanent_exit_fails_the_job() {
+    let job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    let i = ps0_index(&pods);
+    pods[i] = restarted_in_place(pods[i].clone(), 1, 1);
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.status.phase, Some(JobPhase::Failed));
+    let failed = condition(&plan, "Failed");
+    assert_eq!(failed.reason, "ParameterServerFailed");
+    assert!(failed.message.contains("code 1") && failed.message.contains("permanent"), "{}", failed.message);
+}
+
+#[test]
+fn in_place_restarts_count_towards_max_restarts() {
+    let job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    let i = ps0_index(&pods);
+    let over = i32::try_from(job.spec.run_policy.max_restarts).unwrap() + 1;
+    pods[i] = restarted_in_place(pods[i].clone(), over, 137);
+    let plan = run(&job, &pods, t0());
+    assert_eq!(plan.status.phase, Some(JobPhase::Failed));
+    assert_eq!(condition(&plan, "Failed").reason, "MaxRestartsExceeded");
+}
+
+#[test]
+fn a_lost_ps_pod_is_recreated_and_its_event_claims_no_resume() {
+    let job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    let i = ps0_index(&pods);
+    let status = pods[i].status.as_mut().unwrap();
+    status.phase = Some("Failed".to_owned());
+    status.reason = Some("Evicted".to_owned());
+    let plan = run(&job, &pods, t0());
+    assert!(plan.delete.contains(&"mnist-hybrid-ps-0".to_owned()), "{plan:?}");
+    let event = plan.events.iter().find(|e| e.warning).unwrap();
+    assert!(event.message.contains("initial weights") && !event.message.contains("resumes"), "{event:?}");
+    // With a claim, the checkpoints survive the pod: the event says it resumes from them.
+    let mut claimed = job.clone();
+    claimed.spec.training.checkpoint.claim_name = Some("ckpt".to_owned());
+    let plan = run(&claimed, &pods, t0());
+    let event = plan.events.iter().find(|e| e.warning).unwrap();
+    assert!(event.message.contains("claim ckpt"), "{event:?}");
+}

@@ -5,7 +5,10 @@
 # kwok and helm. Binaries go to ${TANDEM_CACHE:-$HOME/.cache/tandem}/k8s/v<k8s version>/bin, never into the
 # repository; each is rebuilt only when it is missing or reports another version.
 #
-# Usage: scripts/controlplane/build.sh [all|k8s|etcd|kwok|helm]...   (default: all)
+# `node` builds what the real node of scripts/node/ adds: kubelet, kube-scheduler and kube-proxy (same
+# wrapper), CoreDNS (a wrapper module with a reduced plugin set) and Rancher's local-path-provisioner.
+#
+# Usage: scripts/controlplane/build.sh [all|k8s|etcd|kwok|helm|node]...   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.sh
@@ -31,19 +34,18 @@ have() {
   case "$1" in
     kubectl) "$bin" version --client 2>/dev/null | grep -q "$2" ;;
     helm) "$bin" version --short 2>/dev/null | grep -q "$2" ;;
+    coredns) "$bin" -version 2>/dev/null | grep -q "$2" ;;
+    local-path-provisioner) "$bin" --version 2>/dev/null | grep -q "$2" ;;
     *) "$bin" --version 2>/dev/null | grep -q "$2" ;;
   esac
 }
 
-build_k8s() {
-  if have kube-apiserver "Kubernetes v$K8S_VERSION\$" && have kube-controller-manager "Kubernetes v$K8S_VERSION\$" \
-    && have kubectl "v$K8S_VERSION"; then
-    log "kubernetes v$K8S_VERSION: present"
-    return
-  fi
-  local start=$SECONDS w="$K8S_HOME/src/kubernetes"
-  log "kubernetes v$K8S_VERSION: building kube-apiserver, kube-controller-manager, kubectl (wrapper in $w)"
-  # The wrapper is kept (with its go.sum) for rebuilds; one left half-made by a failed run is redone.
+# The wrapper module of k8s.io/kubernetes at $K8S_HOME/src/kubernetes: it replaces every staging module
+# with its published version, so that `go build k8s.io/kubernetes/cmd/...` works outside k/k's tree.
+# Prepared once (with its go.sum) and kept; one left half-made by a failed run is redone. Tools
+# (`go get -tool`) are added to it as they are first needed.
+k8s_wrapper() {
+  local w="$K8S_HOME/src/kubernetes"
   [ -f "$w/.complete" ] || rm -rf "$w"
   mkdir -p "$w"
   cd "$w"
@@ -66,16 +68,93 @@ build_k8s() {
       "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@v$K8S_VERSION"
     touch .complete
   fi
-  # Stamp the version like hack/lib/version.sh, so tools and people read the real one.
-  local minor="${K8S_VERSION#1.}" ldf="-s -w" kv
+  local cmd missing=()
+  for cmd in "$@"; do
+    grep -q "^tool k8s.io/kubernetes/cmd/$cmd\$\|^[[:space:]]k8s.io/kubernetes/cmd/$cmd\$" go.mod \
+      || missing+=("k8s.io/kubernetes/cmd/$cmd@v$K8S_VERSION")
+  done
+  [ ${#missing[@]} -eq 0 ] || go get -tool "${missing[@]}"
+}
+
+# k8s_build CMD...: go build k8s.io/kubernetes/cmd/CMD... into $K8S_BIN, version-stamped like
+# hack/lib/version.sh, so tools and people read the real one.
+k8s_build() {
+  local minor="${K8S_VERSION#1.}" ldf="-s -w" kv cmd pkgs=()
   minor="${minor%%.*}"
   for kv in "gitVersion=v$K8S_VERSION" gitMajor=1 "gitMinor=$minor" gitTreeState=clean; do
     ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
   done
-  go build -p "$BUILD_P" -trimpath -ldflags "$ldf" -o "$K8S_BIN/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+  for cmd in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  go build -p "$BUILD_P" -trimpath -ldflags "$ldf" -o "$K8S_BIN/" "${pkgs[@]}"
+}
+
+build_k8s() {
+  if have kube-apiserver "Kubernetes v$K8S_VERSION\$" && have kube-controller-manager "Kubernetes v$K8S_VERSION\$" \
+    && have kubectl "v$K8S_VERSION"; then
+    log "kubernetes v$K8S_VERSION: present"
+    return
+  fi
+  local start=$SECONDS
+  log "kubernetes v$K8S_VERSION: building kube-apiserver, kube-controller-manager, kubectl (wrapper in $K8S_HOME/src/kubernetes)"
+  k8s_wrapper
+  k8s_build kube-apiserver kube-controller-manager kubectl
   "$K8S_BIN/kube-apiserver" --version
   log "kubernetes v$K8S_VERSION: built in $((SECONDS - start)) s"
+}
+
+# The node of `make node-up` (scripts/node): kubelet, kube-scheduler and kube-proxy from the same wrapper
+# (so the apiserver's build cache serves most of it).
+build_node() {
+  if have kubelet "Kubernetes v$K8S_VERSION\$" && have kube-scheduler "Kubernetes v$K8S_VERSION\$" \
+    && have kube-proxy "Kubernetes v$K8S_VERSION\$"; then
+    log "kubelet, kube-scheduler, kube-proxy v$K8S_VERSION: present"
+    return
+  fi
+  local start=$SECONDS
+  log "kubernetes v$K8S_VERSION: building kubelet, kube-scheduler, kube-proxy"
+  k8s_wrapper kubelet kube-scheduler kube-proxy
+  k8s_build kubelet kube-scheduler kube-proxy
+  "$K8S_BIN/kubelet" --version
+  log "kubelet, kube-scheduler, kube-proxy v$K8S_VERSION: built in $((SECONDS - start)) s"
+}
+
+# CoreDNS with the plugins of scripts/node/coredns/main.go, its client-go at the control plane's
+# version (so most of it comes from the kubelet's build cache).
+build_coredns() {
+  if have coredns "CoreDNS-$COREDNS_VERSION\$"; then
+    log "coredns v$COREDNS_VERSION: present"
+    return
+  fi
+  local start=$SECONDS w="$K8S_HOME/src/coredns-v$COREDNS_VERSION"
+  log "coredns v$COREDNS_VERSION: building (wrapper in $w)"
+  [ -f "$w/.complete" ] || rm -rf "$w"
+  mkdir -p "$w"
+  cp "$here/../node/coredns/main.go" "$w/main.go"
+  cd "$w"
+  if [ ! -f .complete ]; then
+    go mod init local/tandem-coredns
+    go get "github.com/coredns/coredns@v$COREDNS_VERSION" "k8s.io/client-go@v0.${K8S_VERSION#1.}" \
+      "k8s.io/api@v0.${K8S_VERSION#1.}" "k8s.io/apimachinery@v0.${K8S_VERSION#1.}"
+    go mod tidy
+    touch .complete
+  fi
+  go build -p "$BUILD_P" -trimpath -ldflags "-s -w" -o "$K8S_BIN/coredns" .
+  "$K8S_BIN/coredns" -version | head -n 1
+  log "coredns v$COREDNS_VERSION: built in $((SECONDS - start)) s"
+}
+
+# Rancher's local-path-provisioner: the storage class of the test node (what kind clusters use).
+build_local_path() {
+  if have local-path-provisioner "$LOCAL_PATH_VERSION"; then
+    log "local-path-provisioner v$LOCAL_PATH_VERSION: present"
+    return
+  fi
+  local start=$SECONDS
+  log "local-path-provisioner v$LOCAL_PATH_VERSION: building"
+  GOBIN="$K8S_BIN" go install -p "$BUILD_P" -trimpath \
+    -ldflags "-s -w -X main.VERSION=v$LOCAL_PATH_VERSION" \
+    "github.com/rancher/local-path-provisioner@v$LOCAL_PATH_VERSION"
+  log "local-path-provisioner v$LOCAL_PATH_VERSION: built in $((SECONDS - start)) s"
 }
 
 build_etcd() {
@@ -139,7 +218,9 @@ for t in "${targets[@]}"; do
     etcd) (build_etcd) ;;
     kwok) (build_kwok) ;;
     helm) (build_helm) ;;
-    *) echo "build.sh: unknown target '$t'; use all, k8s, etcd, kwok or helm" >&2; exit 2 ;;
+    # The real node of `make node-up` (scripts/node/): not part of `all`, which the cluster tests need.
+    node) (build_node) && (build_coredns) && (build_local_path) ;;
+    *) echo "build.sh: unknown target '$t'; use all, k8s, etcd, kwok, helm or node" >&2; exit 2 ;;
   esac
 done
 log "binaries in $K8S_BIN"

@@ -13,7 +13,13 @@
 # Exits non-zero, with the reason and the failing component's log tail, when anything does not come up.
 #
 # Environment: TANDEM_CLUSTER_DIR, TANDEM_CACHE, TANDEM_CLUSTER_KWOK=0 (do not start kwok),
-#              TANDEM_CLUSTER_TIMEOUT (seconds to wait for readiness, default 120).
+#              TANDEM_CLUSTER_TIMEOUT (seconds to wait for readiness, default 120),
+#              KCM_CONTROLLERS (the controller manager's --controllers).
+# For a real node (scripts/node/node-up.sh): TANDEM_CLUSTER_ADDRESS (default 127.0.0.1), the address the
+# apiserver binds, advertises (the endpoint of the `kubernetes` Service, which pods reach through
+# kube-proxy) and the kubeconfig names; TANDEM_CLUSTER_SA_ADMISSION=1 keeps the ServiceAccount admission
+# plugin on (pods get their ServiceAccount token mounted; off by default, since kwok's pods have none);
+# TANDEM_CLUSTER_APISERVER_ARGS, extra kube-apiserver flags (split on spaces).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.sh
@@ -21,6 +27,10 @@ source "$here/versions.sh"
 D="${TANDEM_CLUSTER_DIR:-/tmp/tandem-cluster}"
 TIMEOUT="${TANDEM_CLUSTER_TIMEOUT:-120}"
 START_KWOK="${TANDEM_CLUSTER_KWOK:-1}"
+ADDRESS="${TANDEM_CLUSTER_ADDRESS:-127.0.0.1}"
+read -r -a EXTRA_APISERVER_ARGS <<<"${TANDEM_CLUSTER_APISERVER_ARGS:-}"
+DISABLE_ADMISSION=ServiceAccount
+[ "${TANDEM_CLUSTER_SA_ADMISSION:-0}" != 1 ] || DISABLE_ADMISSION=""
 start_time=$SECONDS
 
 die() {
@@ -83,7 +93,11 @@ free_port() {
 P="$D/pki"
 ossl() { openssl "$@" >>"$D/logs/openssl.log" 2>&1 || failed openssl "openssl $1 failed"; }
 ossl req -x509 -newkey rsa:2048 -nodes -keyout "$P/ca.key" -out "$P/ca.crt" -days 7 -subj "/CN=tandem-test-ca"
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$P/serving.ext"
+# In-cluster clients reach the apiserver as the `kubernetes` Service (its first address, 10.0.0.1).
+sans="DNS:localhost,IP:127.0.0.1,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+sans="$sans,DNS:kubernetes.default.svc.cluster.local"
+[ "$ADDRESS" = 127.0.0.1 ] || sans="$sans,IP:$ADDRESS"
+printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$sans" >"$P/serving.ext"
 ossl req -newkey rsa:2048 -nodes -keyout "$P/apiserver.key" -out "$P/apiserver.csr" -subj "/CN=kube-apiserver"
 ossl x509 -req -in "$P/apiserver.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial -days 7 \
   -out "$P/apiserver.crt" -extfile "$P/serving.ext"
@@ -108,7 +122,7 @@ ETCD_PORT="$(free_port)"
 ETCD_PEER_PORT="$(free_port)"
 API_PORT="$(free_port)"
 ETCD_URL="http://127.0.0.1:$ETCD_PORT"
-SERVER="https://127.0.0.1:$API_PORT"
+SERVER="https://$ADDRESS:$API_PORT"
 echo "$SERVER" >"$D/server"
 
 start etcd "$K8S_BIN/etcd" --name=tandem --data-dir="$D/etcd" \
@@ -117,13 +131,13 @@ start etcd "$K8S_BIN/etcd" --name=tandem --data-dir="$D/etcd" \
   --initial-cluster="tandem=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync=true --log-level=warn
 
 start kube-apiserver "$K8S_BIN/kube-apiserver" \
-  --etcd-servers="$ETCD_URL" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
+  --etcd-servers="$ETCD_URL" --bind-address="$ADDRESS" --advertise-address="$ADDRESS" --secure-port="$API_PORT" \
   --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" --cert-dir="$P" \
   --client-ca-file="$P/ca.crt" --authorization-mode=RBAC --allow-privileged=true \
   --service-cluster-ip-range=10.0.0.0/24 \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key" \
-  --disable-admission-plugins=ServiceAccount --v=1
+  --disable-admission-plugins="$DISABLE_ADMISSION" "${EXTRA_APISERVER_ARGS[@]}" --v=1
 
 cat >"$D/kubeconfig" <<KCFG
 apiVersion: v1

@@ -5,6 +5,10 @@ K8S_VERSION="${K8S_VERSION:-1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
 HELM_VERSION="${HELM_VERSION:-3.22.0}"
+# The real node (scripts/node): CoreDNS whose client-go matches K8S_VERSION's minor, and the storage
+# class's provisioner.
+COREDNS_VERSION="${COREDNS_VERSION:-1.14.0}"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-0.0.30}"
 
 TANDEM_CACHE="${TANDEM_CACHE:-$HOME/.cache/tandem}"
 K8S_HOME="$TANDEM_CACHE/k8s/v$K8S_VERSION"

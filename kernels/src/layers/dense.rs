@@ -1,0 +1,121 @@
+//! Fully connected layer on feature-major activations: `y[o][b] = relu?(Σ_i W[o][i]·x[i][b] + bias[o])`.
+//!
+//! All three products are one GEMM each, reading the weights in place from the flat vector:
+//! forward `Y = W·X` (A = W row-major), input gradient `dX = Wᵀ·dY` (A = W read transposed by
+//! strides), weight gradient `dW = dY·Xᵀ` (B = the sample-major copy of X this layer keeps, the
+//! only copy it makes: `batch × in` values). Rows of C are split over the pool.
+
+use super::{Ctx, Init, Layer, Layout, ParamSpec, State, transpose};
+use crate::gemm::{Bias, Epilogue, MatA, MatB, gemm_parallel};
+
+/// A dense layer `in → out`, optionally followed by ReLU.
+#[derive(Debug)]
+pub struct Dense {
+    inputs: usize,
+    outputs: usize,
+    relu: bool,
+    /// `x` sample-major (`batch × in`), the B operand of the weight gradient.
+    xs: Vec<f32>,
+}
+
+impl Dense {
+    /// `inputs → outputs`, with ReLU fused when `relu`.
+    pub fn new(inputs: usize, outputs: usize, relu: bool) -> Self {
+        Self { inputs, outputs, relu, xs: Vec::new() }
+    }
+}
+
+impl Layer for Dense {
+    fn describe(&self) -> String {
+        format!("dense {}→{}{}", self.inputs, self.outputs, if self.relu { " relu" } else { "" })
+    }
+
+    fn input(&self) -> Layout {
+        Layout::Features(self.inputs)
+    }
+
+    fn output(&self) -> Layout {
+        Layout::Features(self.outputs)
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::new("weight", &[self.outputs, self.inputs], Init::HeUniform { fan_in: self.inputs }),
+            ParamSpec::new("bias", &[self.outputs], Init::Zeros),
+        ]
+    }
+
+    fn forward_macs(&self) -> usize {
+        self.inputs * self.outputs
+    }
+
+    fn backward_macs(&self, input_grad: bool) -> usize {
+        self.inputs * self.outputs * if input_grad { 2 } else { 1 }
+    }
+
+    fn reserve(&mut self, batch: usize, _threads: usize) {
+        self.xs.resize(batch * self.inputs, 0.0);
+    }
+
+    fn forward(&mut self, cx: &Ctx<'_>, params: &[f32], _state: State<'_>, x: &[f32], y: &mut [f32]) {
+        let (n, i, o) = (cx.batch, self.inputs, self.outputs);
+        let (w, b) = params.split_at(o * i);
+        let epi = Epilogue { accumulate: false, bias: Bias::PerRow(b), relu: self.relu };
+        let r = gemm_parallel(cx.pool, o, n, i, MatA::row_major(w, i), MatB::row_major(x, n), y, n, epi);
+        debug_assert!(r.is_ok(), "{r:?}");
+    }
+
+    fn backward(
+        &mut self,
+        cx: &Ctx<'_>,
+        params: &[f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &mut [f32],
+        dx: Option<&mut [f32]>,
+        grads: &mut [f32],
+    ) {
+        let (n, i, o) = (cx.batch, self.inputs, self.outputs);
+        let dy = &mut dy[..o * n];
+        if self.relu {
+            for (g, &v) in dy.iter_mut().zip(&y[..o * n]) {
+                if v <= 0.0 {
+                    *g = 0.0;
+                }
+            }
+        }
+        let (gw, gb) = grads.split_at_mut(o * i);
+        for (g, row) in gb.iter_mut().zip(dy.chunks_exact(n)) {
+            *g = row.iter().sum();
+        }
+        let xs = &mut self.xs[..n * i];
+        transpose(&x[..i * n], i, n, xs);
+        let r = gemm_parallel(
+            cx.pool,
+            o,
+            i,
+            n,
+            MatA::row_major(dy, n),
+            MatB::row_major(xs, i),
+            gw,
+            i,
+            Epilogue::default(),
+        );
+        debug_assert!(r.is_ok(), "{r:?}");
+        if let Some(dx) = dx {
+            let w = &params[..o * i];
+            let r = gemm_parallel(
+                cx.pool,
+                i,
+                n,
+                o,
+                MatA::transposed(w, i),
+                MatB::row_major(dy, n),
+                dx,
+                n,
+                Epilogue::default(),
+            );
+            debug_assert!(r.is_ok(), "{r:?}");
+        }
+    }
+}
