@@ -6,6 +6,6 @@
 comm-test:
 	$(CARGO) test -p tandem-trainer --test it -- comm_tcp:: comm_mpi::
 
-## bench-allreduce: tandem tcp vs OpenMPI over TCP vs OpenMPI shared memory; writes out/bench/allreduce.
+## bench-allreduce: tandem tcp / shm / hierarchical vs OpenMPI over TCP and shared memory; writes out/bench/allreduce.
 bench-allreduce:
 	bench/allreduce.sh

@@ -8,9 +8,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use tandem::comm::algo::{AlgoConfig, AllreduceAlgo};
 use tandem::comm::selftest::{self, BenchRecord};
+use tandem::comm::shm::ShmConfig;
 use tandem::comm::tcp::{self, TcpConfig};
-use tandem::comm::{Communicator, algo::AlgoConfig};
+use tandem::comm::{Communicator, kernel};
 use tandem_api::contract::Endpoint;
 
 /// Benchmarks.
@@ -53,22 +55,125 @@ pub struct AllreduceArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub output: Output,
+    /// tcp: lay the ranks out over this many simulated hosts (consecutive ranks share one; `0`:
+    /// the real host identity, so every local rank shares this machine).
+    #[arg(long, default_value_t = 0)]
+    pub hosts: usize,
     #[command(flatten)]
     pub tuning: Tuning,
 }
 
-/// Settings of the `tcp` backend.
+/// Settings of the `tcp` backend (defaults: [`TcpConfig::default`]).
 #[derive(clap::Args, Clone, Debug)]
 pub struct Tuning {
-    /// tcp: messages up to this many bytes use recursive doubling instead of the ring.
-    #[arg(long, value_parser = parse_bytes, default_value = "64K")]
-    pub small_bytes: usize,
+    /// tcp: from 3 ranks, allreduce up to this many bytes by recursive doubling.
+    #[arg(long, value_parser = parse_bytes)]
+    pub small_bytes: Option<usize>,
+    /// tcp: at 2 ranks, allreduce up to this many bytes by the direct exchange, above by the ring.
+    #[arg(long, value_parser = parse_bytes)]
+    pub pair_bytes: Option<usize>,
+    /// tcp: from 3 ranks, allreduce up to this many bytes by Rabenseifner, above by the ring.
+    #[arg(long, value_parser = parse_bytes)]
+    pub halving_bytes: Option<usize>,
+    /// tcp: one allreduce algorithm for every size instead of the decision table: rd (recursive
+    /// doubling, the direct exchange at 2 ranks), rabenseifner or ring.
+    #[arg(long, value_parser = parse_algo)]
+    pub algo: Option<AllreduceAlgo>,
     /// tcp: pipelining chunk in bytes.
-    #[arg(long, value_parser = parse_bytes, default_value = "256K")]
-    pub chunk_bytes: usize,
+    #[arg(long, value_parser = parse_bytes)]
+    pub chunk_bytes: Option<usize>,
+    /// tcp: SO_SNDBUF/SO_RCVBUF of the data connections (0: the kernel's autotuning).
+    #[arg(long, value_parser = parse_bytes)]
+    pub socket_buffer: Option<usize>,
+    /// tcp: shared memory between ranks on one host (on), or TCP between every rank (off).
+    #[arg(long, value_enum, default_value = "on")]
+    pub shm: Switch,
+    /// tcp: bytes per shared-memory slot (a multiple of 64).
+    #[arg(long, value_parser = parse_bytes)]
+    pub shm_slot_bytes: Option<usize>,
+    /// tcp: shared-memory slots per rank.
+    #[arg(long)]
+    pub shm_slots: Option<usize>,
+    /// tcp: microseconds a waiting rank spins on shared memory before it sleeps.
+    #[arg(long)]
+    pub shm_spin_us: Option<u64>,
     /// tcp: seconds without progress before a peer is probed and declared failed.
     #[arg(long, default_value_t = 60.0)]
     pub timeout_s: f64,
+}
+
+/// On or off.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+fn parse_algo(text: &str) -> Result<AllreduceAlgo, String> {
+    AllreduceAlgo::parse(text)
+        .ok_or_else(|| format!("{text:?} is not an algorithm: use rd, rabenseifner or ring"))
+}
+
+impl Tuning {
+    /// The `tcp` configuration these settings describe.
+    pub fn config(&self, connect_timeout: Duration, host: Option<String>) -> TcpConfig {
+        let defaults = TcpConfig::default();
+        let algo = AlgoConfig {
+            small_bytes: self.small_bytes.unwrap_or(defaults.algo.small_bytes),
+            pair_bytes: self.pair_bytes.unwrap_or(defaults.algo.pair_bytes),
+            halving_bytes: self.halving_bytes.unwrap_or(defaults.algo.halving_bytes),
+            force: self.algo,
+        };
+        let shm_defaults = ShmConfig::default();
+        let shm = ShmConfig {
+            enabled: self.shm == Switch::On,
+            slot_bytes: self.shm_slot_bytes.unwrap_or(shm_defaults.slot_bytes),
+            slots: self.shm_slots.unwrap_or(shm_defaults.slots),
+            spin: self.shm_spin_us.map_or(shm_defaults.spin, Duration::from_micros),
+            ..shm_defaults
+        };
+        TcpConfig {
+            timeout: Duration::from_secs_f64(self.timeout_s),
+            connect_timeout,
+            chunk_bytes: self.chunk_bytes.unwrap_or(defaults.chunk_bytes),
+            socket_buffer_bytes: self.socket_buffer.unwrap_or(defaults.socket_buffer_bytes),
+            algo,
+            shm,
+            host,
+        }
+    }
+
+    /// The same settings as `comm-rank` arguments.
+    fn args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.push(format!("--{flag}"));
+                a.push(v);
+            }
+        };
+        push("small-bytes", self.small_bytes.map(|v| v.to_string()));
+        push("pair-bytes", self.pair_bytes.map(|v| v.to_string()));
+        push("halving-bytes", self.halving_bytes.map(|v| v.to_string()));
+        push(
+            "algo",
+            self.algo.map(|v| match v {
+                AllreduceAlgo::RecursiveDoubling => "rd".to_owned(),
+                AllreduceAlgo::Rabenseifner => "rabenseifner".to_owned(),
+                AllreduceAlgo::Ring => "ring".to_owned(),
+            }),
+        );
+        push("chunk-bytes", self.chunk_bytes.map(|v| v.to_string()));
+        push("socket-buffer", self.socket_buffer.map(|v| v.to_string()));
+        push("shm", Some(if self.shm == Switch::On { "on" } else { "off" }.to_owned()));
+        push("shm-slot-bytes", self.shm_slot_bytes.map(|v| v.to_string()));
+        push("shm-slots", self.shm_slots.map(|v| v.to_string()));
+        push("shm-spin-us", self.shm_spin_us.map(|v| v.to_string()));
+        push("timeout-s", Some(self.timeout_s.to_string()));
+        a
+    }
 }
 
 /// Parses `4096`, `4K`, `4KiB`, `1M`, `256MiB`, `1G`.
@@ -102,11 +207,17 @@ fn allreduce(args: AllreduceArgs) -> anyhow::Result<()> {
     if args.bytes.iter().any(|&b| b < 4) {
         bail!("every --bytes size must hold at least one f32 (4 bytes)");
     }
+    if args.hosts > args.ranks {
+        bail!("--hosts {} exceeds --ranks {}: every simulated host needs a rank", args.hosts, args.ranks);
+    }
     let sizes = args.bytes.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
     let exe = std::env::current_exe().context("cannot find the tandem executable to start ranks")?;
+    // The ceiling every transport on one machine copies against, measured in this run.
+    let memcpy = memcpy_gbps();
     let records = match args.backend {
         Backend::Tcp => {
-            let ranks = TcpRanks::start(&exe, args.ranks, &args.tuning, &["bench", "--bytes", &sizes])?;
+            let ranks =
+                TcpRanks::start(&exe, args.ranks, args.hosts, &args.tuning, &["bench", "--bytes", &sizes])?;
             ranks.wait_for_output()?
         }
         Backend::Mpi => {
@@ -127,7 +238,7 @@ fn allreduce(args: AllreduceArgs) -> anyhow::Result<()> {
     let records: Vec<BenchRecord> = records
         .lines()
         .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).map(|v| record_from(&v)))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).map(|v| record_from(&v, memcpy)))
         .collect::<Result<_, _>>()
         .context("a rank printed a malformed benchmark record")?;
     if records.len() != args.bytes.len() {
@@ -141,15 +252,24 @@ fn allreduce(args: AllreduceArgs) -> anyhow::Result<()> {
         }
         Output::Text => {
             println!(
-                "# allreduce, backend {}, {} ranks (busbw = algbw·2(n−1)/n)",
+                "# allreduce, backend {}, {} ranks (busbw = algbw·2(n−1)/n; memcpy {memcpy:.2} GB/s on one core, \
+                 reduction kernels: {})",
                 records.first().map_or("?", |r| r.backend.as_str()),
-                args.ranks
+                args.ranks,
+                kernel::Isa::detected()
             );
-            println!("{:>12} {:>12} {:>12} {:>12}", "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+            println!(
+                "{:>12} {:>12} {:>12} {:>12} {:>10}",
+                "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "÷memcpy"
+            );
             for r in &records {
                 println!(
-                    "{:>12} {:>12.1} {:>12.3} {:>12.3}",
-                    r.bytes, r.latency_us, r.algbw_gbps, r.busbw_gbps
+                    "{:>12} {:>12.1} {:>12.3} {:>12.3} {:>10.3}",
+                    r.bytes,
+                    r.latency_us,
+                    r.algbw_gbps,
+                    r.busbw_gbps,
+                    r.busbw_gbps / r.memcpy_gbps
                 );
             }
         }
@@ -157,7 +277,7 @@ fn allreduce(args: AllreduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn record_from(v: &serde_json::Value) -> BenchRecord {
+fn record_from(v: &serde_json::Value, memcpy_gbps: f64) -> BenchRecord {
     let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
     BenchRecord {
         backend: v.get("backend").and_then(|b| b.as_str()).unwrap_or("?").to_owned(),
@@ -166,7 +286,23 @@ fn record_from(v: &serde_json::Value) -> BenchRecord {
         algbw_gbps: f("algbw_gbps"),
         busbw_gbps: f("busbw_gbps"),
         latency_us: f("latency_us"),
+        memcpy_gbps,
     }
+}
+
+/// One core's memcpy bandwidth on a 256 MiB buffer (out of every cache), best of five, in GB/s.
+pub fn memcpy_gbps() -> f64 {
+    let len = 256 << 20;
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = std::time::Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        best = best.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(&mut dst);
+    }
+    len as f64 / best / 1e9
 }
 
 /// `mpirun` for `ranks` copies of `exe comm-rank`, as root and oversubscribed where needed.
@@ -184,7 +320,9 @@ struct TcpRanks {
 }
 
 impl TcpRanks {
-    fn start(exe: &Path, ranks: usize, tuning: &Tuning, mode: &[&str]) -> anyhow::Result<Self> {
+    /// Starts `ranks` ranks; with `hosts > 0`, consecutive ranks are told they share one of `hosts`
+    /// simulated hosts.
+    fn start(exe: &Path, ranks: usize, hosts: usize, tuning: &Tuning, mode: &[&str]) -> anyhow::Result<Self> {
         let ports = free_ports(ranks)?;
         let peers = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
         let token_file = std::env::temp_dir().join(format!("tandem-bench-{}.token", std::process::id()));
@@ -198,11 +336,11 @@ impl TcpRanks {
                 .args(["--backend", "tcp", "--rank", &rank.to_string(), "--peers", &peers])
                 .arg("--token-file")
                 .arg(&this.token_file)
-                .args(["--small-bytes", &tuning.small_bytes.to_string()])
-                .args(["--chunk-bytes", &tuning.chunk_bytes.to_string()])
-                .args(["--timeout-s", &tuning.timeout_s.to_string()])
-                .args(mode)
-                .stdout(if rank == 0 { Stdio::piped() } else { Stdio::null() });
+                .args(tuning.args());
+            if hosts > 0 {
+                cmd.args(["--host-id", &format!("host{}", rank * hosts / ranks)]);
+            }
+            cmd.args(mode).stdout(if rank == 0 { Stdio::piped() } else { Stdio::null() });
             this.children.push(cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?);
         }
         Ok(this)
@@ -270,6 +408,10 @@ pub struct RankArgs {
     /// tcp: seconds to wait for every peer to connect.
     #[arg(long, default_value_t = 120.0)]
     pub connect_timeout_s: f64,
+    /// tcp: this rank's host identity instead of the detected one: ranks given the same string
+    /// count as one host (tests and benchmarks that simulate several hosts on one machine).
+    #[arg(long)]
+    pub host_id: Option<String>,
     #[command(flatten)]
     pub tuning: Tuning,
     /// What to run.
@@ -309,8 +451,28 @@ fn parse_endpoint(text: &str) -> anyhow::Result<Endpoint> {
     Ok(Endpoint::new(host, port))
 }
 
-/// Runs one rank.
+/// Runs one rank. A rank whose group lost a peer exits with
+/// [`tandem_api::contract::EXIT_PEER_LOST`] (as `tandem worker` does), any other failure with 1.
 pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
+    super::init_logging();
+    let result = run_rank_inner(args);
+    let peer_lost = |c: &(dyn std::error::Error + 'static)| {
+        let comm = c.downcast_ref::<tandem::comm::CommError>().or_else(|| match c.downcast_ref() {
+            Some(selftest::SelfTestError::Comm(e)) => Some(e),
+            _ => None,
+        });
+        comm.is_some_and(tandem::comm::CommError::is_peer_lost)
+    };
+    if let Err(e) = &result
+        && e.chain().any(peer_lost)
+    {
+        eprintln!("Error: {e:?}");
+        std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
+    }
+    result
+}
+
+fn run_rank_inner(args: RankArgs) -> anyhow::Result<()> {
     match args.backend {
         Backend::Tcp => {
             let peers = args.peers.iter().map(|p| parse_endpoint(p)).collect::<anyhow::Result<Vec<_>>>()?;
@@ -318,12 +480,8 @@ pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
                 args.token_file.as_ref().context("--token-file is required with --backend tcp")?;
             let token = std::fs::read(token_file)
                 .with_context(|| format!("cannot read the job token from {}", token_file.display()))?;
-            let config = TcpConfig {
-                timeout: Duration::from_secs_f64(args.tuning.timeout_s),
-                connect_timeout: Duration::from_secs_f64(args.connect_timeout_s),
-                chunk_bytes: args.tuning.chunk_bytes,
-                algo: AlgoConfig { small_bytes: args.tuning.small_bytes },
-            };
+            let config =
+                args.tuning.config(Duration::from_secs_f64(args.connect_timeout_s), args.host_id.clone());
             let trimmed = token.trim_ascii();
             let mut comm = tcp::connect(args.rank, &peers, &args.bind, trimmed, config)
                 .with_context(|| format!("rank {} could not join the group", args.rank))?;

@@ -1,8 +1,36 @@
 //! Collective communication between the ranks of a worker group.
 //!
-//! One blocking interface, [`Communicator`], with two backends: [`tcp`] (built in: ring and
-//! recursive doubling over authenticated TCP, pipelined in chunks) and `mpi` (rsmpi over OpenMPI,
-//! cargo feature `mpi`). [`fusion`] reduces many tensors as a few fused buffers.
+//! One blocking interface, [`Communicator`], with two backends: [`tcp`] (built in: authenticated
+//! TCP between hosts, shared memory ([`shm`]) between the ranks of one host, hierarchical
+//! allreduce across both, chosen at rendezvous by [`group`]) and `mpi` (rsmpi over OpenMPI, cargo
+//! feature `mpi`). [`fusion`] reduces many tensors as a few fused buffers.
+//!
+//! # Decision table
+//!
+//! Which path (by rank layout, found at rendezvous from [`host`] identities and a successful
+//! shared-memory mapping; logged at info as `collectives: …`):
+//!
+//! | ranks per host | path | allreduce |
+//! |---|---|---|
+//! | 1 everywhere (or `--shm off`) | TCP | the TCP table below |
+//! | all ranks on one host | shared memory | [`shm`]: reduce-scatter + allgather through slots |
+//! | several hosts, some with several ranks | hierarchical | shm reduce, TCP allreduce per channel, shm gather |
+//!
+//! Which TCP algorithm ([`algo::AlgoConfig::allreduce`]; `p` ranks, `n` bytes per buffer; the
+//! same rule as OpenMPI's `coll/tuned` fixed decision and MPICH's):
+//!
+//! | ranks | bytes | algorithm | why |
+//! |---|---|---|---|
+//! | 2 | `n ≤ pair_bytes` (8 MiB) | direct exchange (recursive doubling, one round) | one round trip, both send everything once: the least latency, and at 2 ranks the same bytes as the ring |
+//! | 2 | `n > pair_bytes` | ring | the same bytes in two half-size rounds, and each rank reduces `n/2` instead of `n`: wins once reduction, not latency, bounds the time |
+//! | ≥ 3 | `n ≤ small_bytes` (64 KiB) | recursive doubling | `⌈lg p⌉` rounds: latency-bound sizes |
+//! | ≥ 3 | `small_bytes < n ≤ halving_bytes` (1 MiB) | Rabenseifner (halving + doubling) | bandwidth-optimal bytes in `2⌈lg p⌉` rounds instead of `2(p−1)` |
+//! | ≥ 3 | `n > halving_bytes` | ring | bandwidth-bound: neighbours only, the least reduction per round |
+//!
+//! Broadcast: binomial tree up to `small_bytes` (or fewer elements than ranks), scatter + ring
+//! allgather above. Reduce-scatter and allgather: the ring. Every threshold is a flag of
+//! `tandem bench allreduce` (`--small-bytes`, `--pair-bytes`, `--halving-bytes`, `--algo` to force
+//! one), so the table can be re-measured on a given machine with `bench/allreduce.sh`.
 //!
 //! Expected flow: every rank of a group builds its communicator (for `tcp` from the group's peer
 //! list, see [`tcp::connect`]), then all ranks call the same collectives in the same order
@@ -11,7 +39,8 @@
 //! Guarantees:
 //! - any rank count (1 included) and any length (0 and lengths not divisible by the rank count);
 //! - after an allreduce every rank holds bit-identical values (each element is reduced in one
-//!   order and then copied, or reduced commutatively), so replicas never drift apart;
+//!   order and then copied, or reduced commutatively), so replicas never drift apart (a NaN sum is
+//!   NaN on every rank, with a payload the compiler chooses, [`kernel`]);
 //! - reduce-scatter and allgather split a buffer of `n` elements into [`block_range`] blocks, the
 //!   first `n % size` ranks one element longer;
 //! - with `tcp`, a dead, hung or missing peer turns every call on every other rank into an error
@@ -23,9 +52,14 @@
 pub mod algo;
 pub mod auth;
 pub mod fusion;
+pub mod group;
+pub mod host;
+pub mod kernel;
+pub mod liveness;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod selftest;
+pub mod shm;
 pub mod tcp;
 pub mod transport;
 
@@ -47,19 +81,16 @@ impl ReduceOp {
     /// Every op, for tests and benchmarks.
     pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Average, ReduceOp::Max];
 
-    /// Combines `src` into `dst` element-wise (`Average` sums; the caller divides once at the end).
+    /// Combines `src` into `dst` element-wise, `dst[i] ⊕ src[i]` (`Average` sums; the caller
+    /// divides once at the end), with the vectorised kernels of [`kernel`].
     pub fn combine(self, dst: &mut [f32], src: &[f32]) {
-        match self {
-            ReduceOp::Sum | ReduceOp::Average => dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s),
-            ReduceOp::Max => dst.iter_mut().zip(src).for_each(|(d, s)| *d = d.max(*s)),
-        }
+        kernel::combine(self, dst, src, false);
     }
 
     /// Finishes a reduction over `size` ranks: divides by `size` for `Average`, nothing otherwise.
     pub fn finish(self, buf: &mut [f32], size: usize) {
         if self == ReduceOp::Average && size > 1 {
-            let n = size as f32;
-            buf.iter_mut().for_each(|x| *x /= n);
+            kernel::finish_average(buf, size);
         }
     }
 }
@@ -133,9 +164,18 @@ pub enum CommError {
         /// Elements this rank expected.
         expected: usize,
     },
-    /// The group could not be formed.
+    /// The group could not be formed (a peer missing or unreachable): another attempt may succeed.
     #[error("rendezvous failed: {0}")]
     Rendezvous(String),
+    /// A peer proved it is not part of this group (another job token, another peer list, another
+    /// protocol): retrying cannot help until the job's configuration is fixed.
+    #[error("{peer} was refused: {reason}")]
+    Refused {
+        /// The endpoint that was refused.
+        peer: Peer,
+        /// What it proved or failed to prove.
+        reason: String,
+    },
     /// A caller passed arguments that cannot work.
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -111,6 +111,45 @@ pub fn run_selftest(comm: &mut dyn Communicator) -> Result<usize, SelfTestError>
         checks += 4;
     }
     checks += fused_equals_unfused(comm)?;
+    checks += identical_on_every_rank(comm)?;
+    Ok(checks)
+}
+
+/// Inputs whose sums depend on the order of association (non-integers, signed zeros): the serial
+/// reference cannot predict the last bits, but every rank must hold the same ones.
+pub fn awkward_input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| match (i + rank + salt) % 11 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => ((i * 7919 + rank * 104_729 + salt * 31) % 100_003) as f32 / 7.3 - 6_000.0,
+        })
+        .collect()
+}
+
+/// Allreduce of [`awkward_input`] leaves bit-identical buffers on every rank (checked against rank
+/// 0's result, broadcast); returns the number of checks.
+pub fn identical_on_every_rank(comm: &mut dyn Communicator) -> Result<usize, SelfTestError> {
+    let (rank, size) = (comm.rank(), comm.size());
+    let mut checks = 0;
+    for (salt, len) in [3, 1000, 65_537, 1_048_579].into_iter().enumerate() {
+        for op in ReduceOp::ALL {
+            let mut buf = awkward_input(rank, len, salt);
+            comm.allreduce(&mut buf, op)?;
+            let mut first = buf.clone();
+            comm.broadcast(&mut first, 0)?;
+            if let Some(index) = buf.iter().zip(&first).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(SelfTestError::Wrong {
+                    rank,
+                    what: format!("allreduce {op} of {len} awkward values on {size} ranks (vs rank 0)"),
+                    index,
+                    got: buf[index],
+                    want: first[index],
+                });
+            }
+            checks += 1;
+        }
+    }
     Ok(checks)
 }
 
@@ -178,6 +217,9 @@ pub struct BenchRecord {
     pub busbw_gbps: f64,
     /// Time per allreduce (slowest rank), in microseconds.
     pub latency_us: f64,
+    /// One core's memcpy bandwidth measured in the same run (GB/s; NaN when not measured), the
+    /// ceiling of any copy between processes on one machine.
+    pub memcpy_gbps: f64,
 }
 
 /// An out-of-place allreduce-sum, `send` into `recv`, for backends that offer one.
@@ -222,6 +264,7 @@ pub fn run_bench(
             algbw_gbps: algbw,
             busbw_gbps: algbw * 2.0 * (n - 1.0) / n,
             latency_us: seconds * 1e6,
+            memcpy_gbps: f64::NAN,
         };
         if comm.rank() == 0 {
             println!("{}", serde_json::to_string(&record).unwrap_or_default());
