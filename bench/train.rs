@@ -6,10 +6,11 @@
 
 use std::time::Instant;
 
-use candle_core::Device;
-use tandem::data::{Loader, synthetic};
-use tandem::model::{InputShape, Model};
-use tandem::optim::Optimizer;
+use tandem::compute::data::InputShape;
+use tandem::compute::data::{Loader, synthetic};
+use tandem::compute::device::Device;
+use tandem::compute::model::Net;
+use tandem::compute::optim::Optimizer;
 use tandem_api::{ModelKind, ModelSpec, OptimizerSpec};
 
 fn main() -> anyhow::Result<()> {
@@ -23,7 +24,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let opt_spec = OptimizerSpec { learning_rate: 0.01, momentum: 0.9, ..OptimizerSpec::default() };
     for (name, spec) in models {
-        let model = Model::new(&spec, shape, 10, 1, &Device::Cpu)?;
+        let model = Net::new(&spec, shape, 10, 1, &Device::Cpu)?;
         let mut loader = Loader::new(data.clone(), batch, 1, 0, 1)?;
         let mut opt = Optimizer::new(&opt_spec, model.num_params());
         let mut params = vec![0.0; model.num_params()];

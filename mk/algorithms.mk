@@ -5,7 +5,7 @@
 
 ## algorithms-test: ps-sync, ps-async, easgd and allreduce each reach 0.90 on MNIST-5k as local processes.
 algorithms-test: data
-	$(CARGO) test -p tandem-trainer --test algorithms -- --test-threads=1
+	$(CARGO) test -p tandem-trainer --test it -- algorithms:: --test-threads=1
 
 ## bench-tta: time to 0.90 test accuracy per algorithm, same 4 workers and data; writes out/bench/tta.
 bench-tta: data

@@ -4,7 +4,7 @@
 
 ## comm-test: the collective tests only (real processes on loopback, and under mpirun).
 comm-test:
-	$(CARGO) test -p tandem-trainer --test comm_tcp --test comm_mpi
+	$(CARGO) test -p tandem-trainer --test it -- comm_tcp:: comm_mpi::
 
 ## bench-allreduce: tandem tcp / shm / hierarchical vs OpenMPI over TCP and shared memory; writes out/bench/allreduce.
 bench-allreduce:

@@ -6,4 +6,4 @@
 ## `tandem worker` processes on loopback).
 ps-test:
 	$(CARGO) test -p tandem-trainer --lib ps::
-	$(CARGO) test -p tandem-trainer --test ps_modes --test ps_faults --test ps_training --test ps_worker
+	$(CARGO) test -p tandem-trainer --test it -- ps_modes:: ps_faults:: ps_training:: ps_worker::

@@ -4,7 +4,7 @@
 
 ## runner-test: supervision logic without processes, then multi-process jobs end to end (needs data/).
 runner-test: data
-	$(CARGO) test -p tandem-trainer --test runner_policy
-	$(CARGO) test -p tandem-trainer --test runner_e2e
+	$(CARGO) test -p tandem-trainer --test it -- runner_policy::
+	$(CARGO) test -p tandem-trainer --test it -- runner_e2e::
 
 # The multi-process demo is `make demo` (mk/trainer.mk).

@@ -335,9 +335,102 @@ pub enum ContractError {
     Config(String),
 }
 
+/// One line of `tandem worker`'s stdout protocol, which the local runner reads: a JSON object
+/// tagged by `event`, one per line. The worker writes it and the runner reads it through this
+/// type, so the two cannot drift apart; a reader skips lines that are not protocol (logs) and
+/// fields it does not know.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum WorkerLine {
+    /// Rank 0 of `group` reports the group's progress.
+    Progress {
+        /// Group index.
+        group: u32,
+        /// Where the group stands.
+        progress: GroupReport,
+    },
+    /// A rank finished all its steps.
+    Finished {
+        /// Group index.
+        group: u32,
+        /// Rank inside the group.
+        rank: u32,
+        /// The step it ended at (the job's step count).
+        steps: u64,
+        /// The step it started from (above 0 after a resume).
+        #[serde(default)]
+        start_step: u64,
+        /// Its final test accuracy.
+        #[serde(default)]
+        accuracy: Option<f64>,
+    },
+}
+
+/// A group's progress in a [`WorkerLine::Progress`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct GroupReport {
+    /// Steps the group completed.
+    pub step: u64,
+    /// Mean training loss since the previous report.
+    #[serde(default)]
+    pub loss: Option<f64>,
+    /// Test accuracy, at evaluation steps.
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+    /// Samples the group processed in this attempt.
+    #[serde(default)]
+    pub samples: u64,
+    /// Epoch of the group's data stream.
+    #[serde(default)]
+    pub epoch: u64,
+}
+
+impl WorkerLine {
+    /// The line, without its newline.
+    pub fn to_line(&self) -> String {
+        // Numbers and strings only: serialising cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads one line; `None` for a line that is not protocol.
+    pub fn parse(line: &str) -> Option<Self> {
+        let line = line.trim();
+        if !line.starts_with('{') {
+            return None;
+        }
+        serde_json::from_str(line).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_lines_round_trip_and_other_output_is_not_protocol() {
+        let lines = [
+            WorkerLine::Progress {
+                group: 1,
+                progress: GroupReport {
+                    step: 200,
+                    loss: Some(0.25),
+                    accuracy: None,
+                    samples: 12_800,
+                    epoch: 3,
+                },
+            },
+            WorkerLine::Finished { group: 0, rank: 1, steps: 600, start_step: 40, accuracy: Some(0.94) },
+        ];
+        for line in &lines {
+            assert_eq!(WorkerLine::parse(&line.to_line()).as_ref(), Some(line));
+        }
+        assert!(lines[1].to_line().starts_with(r#"{"event":"finished","group":0"#), "{}", lines[1].to_line());
+        assert_eq!(WorkerLine::parse("listening on 127.0.0.1:7070"), None);
+        assert_eq!(WorkerLine::parse(r#"{"event":"progress","group":1}"#), None);
+        assert_eq!(WorkerLine::parse(r#"{"event":"party"}"#), None);
+        let later = r#"{"event":"finished","group":2,"rank":0,"steps":5,"note":"a later field"}"#;
+        assert!(WorkerLine::parse(later).is_some(), "unknown fields are ignored");
+    }
 
     #[test]
     fn status_port_defaults_reads_and_refuses() {

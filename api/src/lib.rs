@@ -7,7 +7,9 @@
 
 pub mod contract;
 pub mod job;
+pub mod plan;
 pub mod policy;
 
-pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
+pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine};
 pub use job::*;
+pub use plan::{JobPlan, PlanError, PsMode};

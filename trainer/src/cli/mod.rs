@@ -3,11 +3,37 @@
 pub mod bench;
 pub mod launcher;
 pub mod ps;
+pub mod report;
 pub mod train;
 pub mod worker;
 
 use anyhow::{Context, bail};
+use tandem::compute::device::{Device, Preference};
 use tandem_api::contract::{JobConfig, LaunchEnv};
+
+/// Which device to compute on (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// CUDA when compiled in and a GPU driver is present, else the CPU.
+    #[default]
+    Auto,
+    /// Always the CPU.
+    Cpu,
+    /// CUDA, or an error saying why not.
+    Cuda,
+}
+
+impl DeviceArg {
+    /// The device this asks for, or an error saying why it is not there.
+    pub fn select(self) -> anyhow::Result<Device> {
+        let preference = match self {
+            DeviceArg::Auto => Preference::Auto,
+            DeviceArg::Cpu => Preference::Cpu,
+            DeviceArg::Cuda => Preference::Cuda,
+        };
+        Ok(Device::select(preference)?)
+    }
+}
 
 /// Logs to stderr at `info` (or `RUST_LOG`), coloured only on a terminal.
 pub fn init_logging() {

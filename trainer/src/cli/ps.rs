@@ -5,7 +5,7 @@
 //! `$TANDEM_OUTPUT/ps-<index>/`, resumes from the newest one, and stops on SIGTERM or Ctrl-C
 //! after writing a last checkpoint. Prints `listening on <addr>` on stdout once bound.
 //!
-//! It also serves the HTTP status endpoint ([`tandem::ps::http`]) on `TANDEM_BIND` and
+//! It also serves the HTTP status endpoint ([`tandem::ps::server::http`]) on `TANDEM_BIND` and
 //! `TANDEM_STATUS_PORT` (default [`tandem_api::contract::STATUS_PORT`]; `0` any free port, `off`
 //! none) and then prints `status on <addr>`, or `status off` when it serves none. An endpoint that
 //! cannot bind is logged and left out: the shard trains on without it.
@@ -14,10 +14,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tandem::ps::Mode;
-use tandem::ps::http::StatusListener;
+use tandem::ps::server::http::StatusListener;
+use tandem::ps::server::state::ShardConfig;
 use tandem::ps::server::{Server, ServerConfig};
-use tandem::ps::state::ShardConfig;
+use tandem_api::PsMode;
 use tandem_api::contract::{self, Role};
 
 /// Arguments of `tandem ps`.
@@ -44,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("this is PS {index}, but the job config lists {replicas} parameter servers");
     };
     let training = &job.spec.training;
-    let Some(mode) = Mode::for_algorithm(training.algorithm, training.staleness) else {
+    let Some(mode) = PsMode::of(training) else {
         bail!("algorithm {:?} uses no parameter server; do not start `tandem ps` for it", training.algorithm);
     };
     let shard = ShardConfig {
@@ -54,7 +54,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         token,
         checkpoint_every: training.checkpoint.every_steps,
         optimizer: training.optimizer.clone(),
-        total_steps: training.steps,
     };
     let mut config = ServerConfig::new(shard);
     config.checkpoint_dir = Some(env.output.join(format!("ps-{index}")));

@@ -9,12 +9,12 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
+use super::DeviceArg;
+use crate::cli::report::curve::Curve;
 use anyhow::{Context, bail};
-use tandem::curve::Curve;
-use tandem::data;
-use tandem::model::{DeviceChoice, select_device};
-use tandem::optim::Optimizer;
-use tandem::train::{Event, LocalStep, RunOptions, Trainer};
+use tandem::compute::data;
+use tandem::compute::optim::Optimizer;
+use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
 use tandem_api::TrainingJob;
 
 /// How progress is reported.
@@ -42,8 +42,8 @@ pub struct Args {
     #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
     /// Compute device.
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
     /// Continue from the newest checkpoint in the output folder, if there is one.
     #[arg(long)]
     pub resume: bool,
@@ -72,14 +72,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
-    let device = select_device(args.device)?;
+    let device = args.device.select()?;
     let data = data::load(&spec.data, &args.data_dir, spec.training.seed)?;
     let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
     let out_dir = args.output_dir.unwrap_or_else(|| PathBuf::from("out").join(&name));
     let ckpt_dir = out_dir.join("checkpoints");
     if args.resume
-        && let Some(path) = tandem::checkpoint::latest(&ckpt_dir)?
+        && let Some(path) = tandem::compute::checkpoint::latest(&ckpt_dir)?
     {
         trainer.resume(&mut update, &path)?;
         if args.output == Output::Text {
@@ -190,7 +190,7 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         chaos: args.chaos.clone(),
         resume: args.resume,
     };
-    let mut display = tandem::runner::display::Display::new(name, args.output == Output::Json);
+    let mut display = crate::cli::report::display::Display::new(name, args.output == Output::Json);
     // The merged progress is the job's training curve, written when it finishes.
     let mut curve = Curve::default();
     let title = format!(

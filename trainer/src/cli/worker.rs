@@ -8,12 +8,12 @@
 
 use std::path::PathBuf;
 
+use super::DeviceArg;
 use anyhow::{Context, bail};
 use tandem::comm::Communicator;
-use tandem::model::{DeviceChoice, select_device};
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
-use tandem_api::contract::Role;
+use tandem_api::contract::{GroupReport, Role, WorkerLine};
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -22,8 +22,8 @@ pub struct Args {
     #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
     /// Compute device.
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
 }
 
 /// Runs `tandem worker`. A worker that failed because another process of the job was lost
@@ -46,7 +46,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
     let Role::Worker { group, rank } = env.role else {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
-    let device = select_device(args.device)?;
+    let device = args.device.select()?;
     let mut place =
         Place { group, rank, attempt: env.attempt, bind: env.bind.clone(), output: env.output.clone() };
     match job.spec.workers.backend {
@@ -79,24 +79,28 @@ fn train<C: Communicator>(
     place: &Place,
     token: &str,
     args: &Args,
-    device: &candle_core::Device,
+    device: &tandem::compute::device::Device,
     comm: C,
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
     let summary = worker::run(job, place, token, &args.data_dir, device, comm, |p| {
-        println!("{}", serde_json::json!({"event": "progress", "group": group, "progress": p}));
+        let progress = GroupReport {
+            step: p.step,
+            loss: p.loss.map(f64::from),
+            accuracy: p.accuracy.map(f64::from),
+            samples: p.samples,
+            epoch: u64::from(p.epoch),
+        };
+        println!("{}", WorkerLine::Progress { group, progress }.to_line());
     })
     .with_context(|| format!("worker {group}/{rank}"))?;
-    println!(
-        "{}",
-        serde_json::json!({
-            "event": "finished",
-            "group": group,
-            "rank": rank,
-            "steps": summary.steps,
-            "start_step": summary.start_step,
-            "accuracy": summary.accuracy,
-        })
-    );
+    let finished = WorkerLine::Finished {
+        group,
+        rank,
+        steps: summary.steps,
+        start_step: summary.start_step,
+        accuracy: Some(summary.accuracy),
+    };
+    println!("{}", finished.to_line());
     Ok(())
 }

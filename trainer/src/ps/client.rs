@@ -19,9 +19,9 @@ use std::net::TcpStream;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use super::Mode;
 use super::shard;
 use super::wire::{self, ErrorCode, Frame, Peer, Progress, ReadError};
+use tandem_api::PsMode;
 
 /// How to reach the parameter servers.
 #[derive(Clone, Debug)]
@@ -34,6 +34,12 @@ pub struct ClientConfig {
     pub peer: Peer,
     /// Length of the flat parameter vector (0 for an observer that does not know it).
     pub total_len: u64,
+    /// Steps of the run, over which the servers' schedule runs (a worker's
+    /// [`tandem_api::JobPlan::total_steps`]; 0 for an observer).
+    pub total_steps: u64,
+    /// The mode the servers must run (the worker's [`tandem_api::PsMode::of`] its job); `None`
+    /// accepts any (an observer).
+    pub mode: Option<PsMode>,
     /// How long to keep retrying to reach a server that is not up yet.
     pub connect_timeout: Duration,
     /// How long to wait for any one reply.
@@ -43,7 +49,8 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// A worker rank's config with default limits (60 s to connect, 300 s per reply).
+    /// A worker rank's config with default limits (60 s to connect, 300 s per reply); give it its
+    /// run with [`ClientConfig::run`] (the servers refuse a worker that does not say).
     pub fn worker(
         servers: Vec<String>,
         token: impl Into<String>,
@@ -57,6 +64,8 @@ impl ClientConfig {
             token: token.into(),
             peer: Peer::Worker { group, rank, attempt },
             total_len,
+            total_steps: 0,
+            mode: None,
             connect_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(300),
             max_frame: wire::DEFAULT_MAX_FRAME,
@@ -66,6 +75,13 @@ impl ClientConfig {
     /// An observer's config: reads status and weights only.
     pub fn observer(servers: Vec<String>, token: impl Into<String>) -> Self {
         Self { peer: Peer::Observer, ..Self::worker(servers, token, 0, 0, 0, 0) }
+    }
+
+    /// The run this worker trains: `total_steps` steps against servers that must run `mode`.
+    pub fn run(mut self, total_steps: u64, mode: PsMode) -> Self {
+        self.total_steps = total_steps;
+        self.mode = Some(mode);
+        self
     }
 }
 
@@ -181,7 +197,7 @@ pub struct PsClient {
     config: ClientConfig,
     conns: Vec<Option<Conn>>,
     ranges: Vec<Range<u64>>,
-    mode: Mode,
+    mode: PsMode,
     joined: bool,
 }
 
@@ -196,7 +212,7 @@ impl PsClient {
             ranges: shard::ranges(config.total_len, replicas),
             conns: (0..config.servers.len()).map(|_| None).collect(),
             config,
-            mode: Mode::Sync,
+            mode: PsMode::Sync,
             joined: false,
         };
         for index in 0..client.conns.len() {
@@ -247,7 +263,7 @@ impl PsClient {
     }
 
     /// The servers' consistency mode.
-    pub fn mode(&self) -> Mode {
+    pub fn mode(&self) -> PsMode {
         self.mode
     }
 
@@ -283,11 +299,16 @@ impl PsClient {
         stream.set_write_timeout(Some(self.config.request_timeout)).map_err(lost)?;
         let writer = BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(lost)?);
         self.conns[index] = Some(Conn { reader: BufReader::with_capacity(1 << 16, stream), writer });
-        let hello = Frame::Hello {
-            token: self.config.token.clone(),
-            peer: self.config.peer,
-            total_len: self.config.total_len,
+        // The server opens with a challenge; the hello proves the token over it (the token
+        // itself never crosses the wire).
+        let nonce = match self.read_reply(index, "hello")? {
+            Frame::Challenge { nonce } => nonce,
+            other => return Err(ClientError::Unexpected { index, addr, op: "hello", got: other.name() }),
         };
+        let (peer, total_len, total_steps) =
+            (self.config.peer, self.config.total_len, self.config.total_steps);
+        let proof = wire::hello_proof(self.config.token.as_bytes(), &nonce, peer, total_len, total_steps);
+        let hello = Frame::Hello { proof, peer, total_len, total_steps };
         let reply = self.call_one(index, "hello", hello)?;
         let Frame::Welcome { shard, replicas, start, end, total_len, mode, .. } = reply else {
             return Err(ClientError::Unexpected { index, addr, op: "hello", got: reply.name() });
@@ -306,6 +327,12 @@ impl PsClient {
         }
         if total_len > 0 && self.ranges.get(index) != Some(&(start..end)) {
             return Err(layout(format!("it holds {start}..{end}, expected {:?}", self.ranges.get(index))));
+        }
+        if let Some(expected) = self.config.mode.filter(|&m| m != mode) {
+            return Err(layout(format!(
+                "it runs {mode} but this worker's algorithm needs {expected}; workers and servers must read \
+                 the same job config"
+            )));
         }
         self.mode = mode;
         Ok(())
@@ -342,33 +369,37 @@ impl PsClient {
         }
         let mut replies = Vec::with_capacity(frames.len());
         for (index, _) in &frames {
-            let max = self.config.max_frame;
-            let addr = self.addr(*index);
-            let Some(conn) = self.conns.get_mut(*index).and_then(Option::as_mut) else {
-                return Err(ClientError::Lost { index: *index, addr, op, detail: "not connected".into() });
-            };
-            let reply = match wire::read_frame(&mut conn.reader, max) {
-                Ok(Frame::Error { code, message }) => {
-                    return Err(ClientError::Refused { index: *index, addr, op, code, message });
-                }
-                Ok(frame) => frame,
-                Err(ReadError::Io(e)) => {
-                    self.conns[*index] = None;
-                    return Err(self.io_error(*index, op, e));
-                }
-                Err(ReadError::Closed) => {
-                    self.conns[*index] = None;
-                    let detail = "the server closed the connection".into();
-                    return Err(ClientError::Lost { index: *index, addr, op, detail });
-                }
-                Err(ReadError::Wire(e)) => {
-                    self.conns[*index] = None;
-                    return Err(ClientError::Lost { index: *index, addr, op, detail: e.to_string() });
-                }
-            };
-            replies.push((*index, reply));
+            replies.push((*index, self.read_reply(*index, op)?));
         }
         Ok(replies)
+    }
+
+    /// Reads the next frame from server `index`; an error frame becomes [`ClientError::Refused`].
+    fn read_reply(&mut self, index: usize, op: &'static str) -> Result<Frame, ClientError> {
+        let max = self.config.max_frame;
+        let addr = self.addr(index);
+        let Some(conn) = self.conns.get_mut(index).and_then(Option::as_mut) else {
+            return Err(ClientError::Lost { index, addr, op, detail: "not connected".into() });
+        };
+        match wire::read_frame(&mut conn.reader, max) {
+            Ok(Frame::Error { code, message }) => {
+                Err(ClientError::Refused { index, addr, op, code, message })
+            }
+            Ok(frame) => Ok(frame),
+            Err(ReadError::Io(e)) => {
+                self.conns[index] = None;
+                Err(self.io_error(index, op, e))
+            }
+            Err(ReadError::Closed) => {
+                self.conns[index] = None;
+                let detail = "the server closed the connection".into();
+                Err(ClientError::Lost { index, addr, op, detail })
+            }
+            Err(ReadError::Wire(e)) => {
+                self.conns[index] = None;
+                Err(ClientError::Lost { index, addr, op, detail: e.to_string() })
+            }
+        }
     }
 
     fn io_error(&self, index: usize, op: &'static str, e: std::io::Error) -> ClientError {
@@ -472,13 +503,12 @@ impl PsClient {
 
     /// Pushes `values` for `offset..` (a gradient, or an elastic difference in EASGD mode).
     pub fn push(&mut self, offset: u64, values: &[f32]) -> Result<(), ClientError> {
-        let kind = self.mode.push_kind();
         let frames = self
             .pieces(offset, values.len() as u64)?
             .into_iter()
             .map(|(i, at, n)| {
                 let a = (at - offset) as usize;
-                (i, Frame::Push { kind, offset: at, values: values[a..a + n as usize].to_vec() })
+                (i, Frame::Push { offset: at, values: values[a..a + n as usize].to_vec() })
             })
             .collect();
         let replies = self.exchange("push", frames)?;
@@ -520,7 +550,7 @@ impl PsClient {
         Self::expect_acks("report", replies, |i| servers.get(i).cloned().unwrap_or_default())
     }
 
-    /// Shard `index`'s status as JSON (see `ps::state::ShardStatus`).
+    /// Shard `index`'s status as JSON (see `ps::server::state::ShardStatus`).
     pub fn status(&mut self, index: usize) -> Result<serde_json::Value, ClientError> {
         match self.call_one(index, "status", Frame::StatusRequest)? {
             Frame::Status(json) => serde_json::from_str(&json).map_err(|e| ClientError::Layout {

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Strings are `u32 length + UTF-8`; float vectors are `u64 count + count × f32`. Requests have
-//! kinds `0x01..=0x08`, replies `0x81..=0x87`, errors `0xEE`.
+//! kinds `0x01..=0x08`, replies `0x80..=0x86` (`0x80`, the challenge, opens every connection),
+//! errors `0xEE`.
 //!
 //! Guarantees: [`decode_body`] never panics and never allocates more than the body it is given;
 //! a header announcing more than the receiver's maximum frame size is refused before any body is
@@ -20,12 +21,42 @@ use std::io::{self, Read, Write};
 
 use serde::Serialize;
 
-use super::Mode;
+use tandem_api::PsMode;
 
 /// First two bytes after the length: "TP", Tandem parameter server.
 pub const MAGIC: [u8; 2] = *b"TP";
-/// Protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Protocol version this build speaks. Version 2: the hello carries the run's step count, pushes
+/// carry no kind (the mode both sides agreed on at hello decides), and the elastic mode its α and
+/// τ. Version 3: the server opens with a challenge and the hello proves the job token with an
+/// HMAC of it instead of carrying the token.
+pub const PROTOCOL_VERSION: u8 = 3;
+
+/// Length of the server's challenge nonce.
+pub const NONCE_LEN: usize = 16;
+/// Length of a hello's proof (HMAC-SHA256).
+pub const PROOF_LEN: usize = crate::util::token::MAC_LEN;
+
+/// The proof a hello carries: `HMAC(token, "tandem-ps-hello" ‖ nonce ‖ peer ‖ total_len ‖
+/// total_steps)`, binding the hello's fields to this connection's challenge, so the token never
+/// crosses the wire and a proof cannot be replayed on another connection or with other fields.
+pub fn hello_proof(
+    token: &[u8],
+    nonce: &[u8; NONCE_LEN],
+    peer: Peer,
+    total_len: u64,
+    total_steps: u64,
+) -> [u8; PROOF_LEN] {
+    let peer_bytes: Vec<u8> = match peer {
+        Peer::Worker { group, rank, attempt } => {
+            [&[0u8][..], &group.to_le_bytes(), &rank.to_le_bytes(), &attempt.to_le_bytes()].concat()
+        }
+        Peer::Observer => vec![1],
+    };
+    crate::util::token::hmac(
+        token,
+        &[b"tandem-ps-hello", nonce, &peer_bytes, &total_len.to_le_bytes(), &total_steps.to_le_bytes()],
+    )
+}
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 8;
 /// Default largest body accepted: 16 MiB. Clients split larger pushes and pulls into pieces.
@@ -53,16 +84,6 @@ pub enum Peer {
     },
     /// A reader of status and weights (the operator, a test, a person): never a group member.
     Observer,
-}
-
-/// What a push carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PushKind {
-    /// A gradient, applied by the server's optimizer (sync and async modes).
-    Gradient,
-    /// An elastic difference `e = α·(x − centre)`, added to the centre (EASGD mode).
-    Elastic,
 }
 
 /// Training progress a worker group reports; shown by the status frame.
@@ -130,15 +151,18 @@ impl ErrorCode {
 /// One message of the protocol, in either direction.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Frame {
-    /// First frame of every connection: the job token, who is calling, and the length of the
-    /// flat parameter vector the caller trains (0 for an observer that does not know it).
+    /// First frame of every connection: the job token, who is calling, the length of the
+    /// flat parameter vector the caller trains (0 for an observer that does not know it) and the
+    /// run's step count, over which the servers' learning-rate schedule runs (0 for an observer).
     Hello {
-        /// The job token.
-        token: String,
+        /// [`hello_proof`] of the job token over this connection's challenge and these fields.
+        proof: [u8; PROOF_LEN],
         /// The caller.
         peer: Peer,
         /// Length of the whole flat parameter vector.
         total_len: u64,
+        /// Steps of the whole run ([`tandem_api::JobPlan::total_steps`]).
+        total_steps: u64,
     },
     /// Initial weights for `offset..offset+len` (global offsets); ignored once the shard holds weights.
     Init {
@@ -151,10 +175,9 @@ pub enum Frame {
     Join,
     /// The caller's group stops being a member; its unfinished contribution is dropped.
     Leave,
-    /// A contribution for `offset..offset+len` (global offsets).
+    /// A contribution for `offset..offset+len` (global offsets): a gradient (sync and async modes)
+    /// or an elastic difference (elastic mode).
     Push {
-        /// Gradient or elastic difference.
-        kind: PushKind,
         /// Global offset of the first value.
         offset: u64,
         /// The values.
@@ -171,6 +194,11 @@ pub enum Frame {
     Report(Progress),
     /// Asks for the shard's status.
     StatusRequest,
+    /// The server's first frame on every connection: the nonce the hello's proof covers.
+    Challenge {
+        /// Fresh random bytes, one per connection.
+        nonce: [u8; NONCE_LEN],
+    },
     /// Answer to hello: the shard's place and mode.
     Welcome {
         /// Shard index.
@@ -184,7 +212,7 @@ pub enum Frame {
         /// Length of the whole vector (0 while unknown).
         total_len: u64,
         /// Consistency mode.
-        mode: Mode,
+        mode: PsMode,
         /// Updates applied so far.
         version: u64,
     },
@@ -213,7 +241,7 @@ pub enum Frame {
         /// The weights.
         values: Vec<f32>,
     },
-    /// Answer to a status request: a JSON object (see `ps::state::ShardStatus`).
+    /// Answer to a status request: a JSON object (see `ps::server::state::ShardStatus`).
     Status(String),
     /// A refusal.
     Error {
@@ -229,6 +257,7 @@ impl Frame {
     pub fn name(&self) -> &'static str {
         match self {
             Frame::Hello { .. } => "hello",
+            Frame::Challenge { .. } => "challenge",
             Frame::Init { .. } => "init",
             Frame::Join => "join",
             Frame::Leave => "leave",
@@ -249,6 +278,7 @@ impl Frame {
     fn kind(&self) -> u8 {
         match self {
             Frame::Hello { .. } => 0x01,
+            Frame::Challenge { .. } => 0x80,
             Frame::Init { .. } => 0x02,
             Frame::Join => 0x03,
             Frame::Leave => 0x04,
@@ -332,8 +362,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     out.push(frame.kind());
     let mut w = Writer(out);
     match frame {
-        Frame::Hello { token, peer, total_len } => {
-            w.string(token);
+        Frame::Hello { proof, peer, total_len, total_steps } => {
+            w.bytes(proof);
             match peer {
                 Peer::Worker { group, rank, attempt } => {
                     w.u8(0);
@@ -344,17 +374,14 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
                 Peer::Observer => w.u8(1),
             }
             w.u64(*total_len);
+            w.u64(*total_steps);
         }
         Frame::Init { offset, values } => {
             w.u64(*offset);
             w.floats(values);
         }
         Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left => {}
-        Frame::Push { kind, offset, values } => {
-            w.u8(match kind {
-                PushKind::Gradient => 0,
-                PushKind::Elastic => 1,
-            });
+        Frame::Push { offset, values } => {
             w.u64(*offset);
             w.floats(values);
         }
@@ -369,6 +396,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(p.samples);
             w.u32(p.epoch);
         }
+        Frame::Challenge { nonce } => w.bytes(nonce),
         Frame::Welcome { shard, replicas, start, end, total_len, mode, version } => {
             w.u32(*shard);
             w.u32(*replicas);
@@ -376,12 +404,16 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(*end);
             w.u64(*total_len);
             match mode {
-                Mode::Sync => w.u8(0),
-                Mode::Async { staleness } => {
+                PsMode::Sync => w.u8(0),
+                PsMode::Async { staleness } => {
                     w.u8(1);
                     w.u64(staleness.unwrap_or(u64::MAX));
                 }
-                Mode::Elastic => w.u8(2),
+                PsMode::Elastic { alpha, tau } => {
+                    w.u8(2);
+                    w.f64(*alpha);
+                    w.u64(*tau);
+                }
             }
             w.u64(*version);
         }
@@ -430,25 +462,18 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
     let mut r = Reader { buf: body, kind: name };
     let frame = match kind {
         0x01 => {
-            let token = r.string()?;
+            let proof = r.array("proof")?;
             let peer = match r.u8()? {
                 0 => Peer::Worker { group: r.u32()?, rank: r.u32()?, attempt: r.u32()? },
                 1 => Peer::Observer,
                 other => return Err(r.bad(format!("unknown peer kind {other}"))),
             };
-            Frame::Hello { token, peer, total_len: r.u64()? }
+            Frame::Hello { proof, peer, total_len: r.u64()?, total_steps: r.u64()? }
         }
         0x02 => Frame::Init { offset: r.u64()?, values: r.floats()? },
         0x03 => Frame::Join,
         0x04 => Frame::Leave,
-        0x05 => {
-            let kind = match r.u8()? {
-                0 => PushKind::Gradient,
-                1 => PushKind::Elastic,
-                other => return Err(r.bad(format!("unknown push kind {other}"))),
-            };
-            Frame::Push { kind, offset: r.u64()?, values: r.floats()? }
-        }
+        0x05 => Frame::Push { offset: r.u64()?, values: r.floats()? },
         0x06 => Frame::Pull { offset: r.u64()?, len: r.u64()? },
         0x07 => {
             let step = r.u64()?;
@@ -460,6 +485,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples, epoch })
         }
         0x08 => Frame::StatusRequest,
+        0x80 => Frame::Challenge { nonce: r.array("nonce")? },
         0x81 => {
             let shard = r.u32()?;
             let replicas = r.u32()?;
@@ -467,12 +493,12 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let end = r.u64()?;
             let total_len = r.u64()?;
             let mode = match r.u8()? {
-                0 => Mode::Sync,
+                0 => PsMode::Sync,
                 1 => {
                     let s = r.u64()?;
-                    Mode::Async { staleness: (s != u64::MAX).then_some(s) }
+                    PsMode::Async { staleness: (s != u64::MAX).then_some(s) }
                 }
-                2 => Mode::Elastic,
+                2 => PsMode::Elastic { alpha: r.f64()?, tau: r.u64()? },
                 other => return Err(r.bad(format!("unknown mode {other}"))),
             };
             Frame::Welcome { shard, replicas, start, end, total_len, mode, version: r.u64()? }
@@ -505,6 +531,7 @@ fn kind_name(kind: u8) -> Option<&'static str> {
         0x06 => "pull",
         0x07 => "report",
         0x08 => "status-request",
+        0x80 => "challenge",
         0x81 => "welcome",
         0x82 => "joined",
         0x83 => "left",
@@ -575,6 +602,12 @@ impl Writer<'_> {
     fn f32(&mut self, v: f32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
+    fn bytes(&mut self, v: &[u8]) {
+        self.0.extend_from_slice(v);
+    }
+    fn f64(&mut self, v: f64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
     fn string(&mut self, s: &str) {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s.as_bytes());
@@ -629,6 +662,9 @@ impl Reader<'_> {
     fn f32(&mut self) -> Result<f32, WireError> {
         Ok(f32::from_le_bytes(self.array("f32")?))
     }
+    fn f64(&mut self) -> Result<f64, WireError> {
+        Ok(f64::from_le_bytes(self.array("f64")?))
+    }
     fn string(&mut self) -> Result<String, WireError> {
         let len = self.u32()? as usize;
         let bytes = self.take(len, "string")?;
@@ -654,16 +690,18 @@ mod tests {
     fn all_frames() -> Vec<Frame> {
         vec![
             Frame::Hello {
-                token: "s3cret".into(),
+                proof: [7; PROOF_LEN],
                 peer: Peer::Worker { group: 3, rank: 1, attempt: 2 },
                 total_len: 1234,
+                total_steps: 625,
             },
-            Frame::Hello { token: String::new(), peer: Peer::Observer, total_len: 0 },
+            Frame::Hello { proof: [0; PROOF_LEN], peer: Peer::Observer, total_len: 0, total_steps: 0 },
+            Frame::Challenge { nonce: [0xab; NONCE_LEN] },
             Frame::Init { offset: 7, values: vec![1.0, -2.5, 3.25] },
             Frame::Join,
             Frame::Leave,
-            Frame::Push { kind: PushKind::Elastic, offset: 9, values: vec![0.5; 5] },
-            Frame::Push { kind: PushKind::Gradient, offset: 0, values: vec![] },
+            Frame::Push { offset: 9, values: vec![0.5; 5] },
+            Frame::Push { offset: 0, values: vec![] },
             Frame::Pull { offset: 4, len: 100 },
             Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640, epoch: 2 }),
             Frame::StatusRequest,
@@ -673,7 +711,7 @@ mod tests {
                 start: 5,
                 end: 10,
                 total_len: 10,
-                mode: Mode::Async { staleness: Some(2) },
+                mode: PsMode::Async { staleness: Some(2) },
                 version: 77,
             },
             Frame::Welcome {
@@ -682,8 +720,17 @@ mod tests {
                 start: 0,
                 end: 1,
                 total_len: 1,
-                mode: Mode::Async { staleness: None },
+                mode: PsMode::Async { staleness: None },
                 version: 0,
+            },
+            Frame::Welcome {
+                shard: 2,
+                replicas: 3,
+                start: 8,
+                end: 12,
+                total_len: 12,
+                mode: PsMode::Elastic { alpha: 0.45, tau: 4 },
+                version: 9,
             },
             Frame::Joined { clock: 3, version: 4 },
             Frame::Left,
@@ -748,10 +795,27 @@ mod tests {
     }
 
     #[test]
+    fn a_hello_proof_depends_on_the_token_the_challenge_and_every_field() {
+        let peer = Peer::Worker { group: 1, rank: 2, attempt: 3 };
+        let base = hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 20);
+        assert_eq!(base, hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 20));
+        for other in [
+            hello_proof(b"tokem", &[1; NONCE_LEN], peer, 10, 20),
+            hello_proof(b"token", &[2; NONCE_LEN], peer, 10, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], Peer::Observer, 10, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], Peer::Worker { group: 1, rank: 2, attempt: 4 }, 10, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], peer, 11, 20),
+            hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 21),
+        ] {
+            assert_ne!(other, base);
+        }
+    }
+
+    #[test]
     fn chunk_size_leaves_room_for_the_header_fields() {
         let n = max_values_per_frame(1024);
         let mut buf = Vec::new();
-        encode(&Frame::Push { kind: PushKind::Gradient, offset: u64::MAX, values: vec![0.0; n] }, &mut buf);
+        encode(&Frame::Push { offset: u64::MAX, values: vec![0.0; n] }, &mut buf);
         assert!(buf.len() - HEADER_LEN <= 1024);
     }
 }

@@ -18,13 +18,12 @@
 //! I/O. Children's stderr goes to `<output>/logs/<role>.<attempt>.log`, named in failure messages.
 //!
 //! Caveats: a restarted group resumes from the PS weights and continues its step count from the
-//! PS ([`crate::ps::step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank
+//! PS ([`crate::worker::ps_step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank
 //! 0's newest checkpoint in `<output>/checkpoints/`, which a run without `--resume` clears first.
 //! Free ports are found by binding port 0 and releasing it, so another program could take one in
 //! between.
 
 pub mod chaos;
-pub mod display;
 pub mod progress;
 pub mod state;
 
@@ -36,12 +35,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use candle_core::Device;
 use tandem_api::TrainingJobSpec;
 use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
 
+use crate::compute::device::Device;
+use crate::compute::train::Trainer;
 use crate::ps::client::{ClientConfig, PsClient};
-use crate::train::Trainer;
 use crate::util::proc::{Exit, die_with_parent, free_ports};
 use chaos::Chaos;
 use state::{Input, Outcome, ProcId, Supervisor};
@@ -539,7 +538,7 @@ fn supervise(
 /// The model for the final evaluation; loading the data now fails early when it is missing.
 fn final_model(opts: &Options) -> Result<Trainer, RunnerError> {
     let spec = &opts.spec;
-    let data = crate::data::load(&spec.data, &opts.data_dir, spec.training.seed)
+    let data = crate::compute::data::load(&spec.data, &opts.data_dir, spec.training.seed)
         .map_err(|e| RunnerError::Config(e.to_string()))?;
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))

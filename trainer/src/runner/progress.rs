@@ -1,10 +1,10 @@
 //! The line protocol between `tandem worker` and the runner, and the merge of every group's
 //! progress into one view.
 //!
-//! Protocol: a worker prints JSON objects, one per line, on stdout:
-//! `{"event":"progress","group":G,"progress":{"step":S,"loss":L,"accuracy":A,"samples":N}}`
-//! (rank 0 of each group, at its evaluation steps) and, when it ends,
-//! `{"event":"finished","group":G,"rank":R,"steps":S,"accuracy":A}`. A parameter server prints
+//! Protocol: a worker prints [`WorkerLine`]s, JSON objects one per line, on stdout:
+//! `{"event":"progress","group":G,"progress":{"step":S,"loss":L,"accuracy":A,"samples":N,"epoch":E}}`
+//! (rank 0 of each group, at its report steps) and, when it ends,
+//! `{"event":"finished","group":G,"rank":R,"steps":S,"start_step":K,"accuracy":A}`. A parameter server prints
 //! `status on <addr>` once its HTTP status endpoint listens. Other lines (logs, `listening on …`)
 //! are not protocol and are ignored.
 //!
@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use tandem_api::contract::WorkerLine;
 
 /// A protocol line from a worker.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,54 +50,20 @@ pub enum Line {
     },
 }
 
-#[derive(Deserialize)]
-struct Raw {
-    event: String,
-    group: Option<u32>,
-    rank: Option<u32>,
-    steps: Option<u64>,
-    accuracy: Option<f64>,
-    progress: Option<RawProgress>,
-}
-
-#[derive(Deserialize)]
-struct RawProgress {
-    step: u64,
-    loss: Option<f64>,
-    accuracy: Option<f64>,
-    #[serde(default)]
-    samples: u64,
-}
-
 /// Reads one stdout line; `None` for lines that are not protocol.
 pub fn parse(line: &str) -> Option<Line> {
     let line = line.trim();
     if let Some(addr) = line.strip_prefix("status on ") {
         return Some(Line::Status { addr: addr.trim().to_owned() });
     }
-    if !line.starts_with('{') {
-        return None;
-    }
-    let raw: Raw = serde_json::from_str(line).ok()?;
-    match raw.event.as_str() {
-        "progress" => {
-            let p = raw.progress?;
-            Some(Line::Progress {
-                group: raw.group?,
-                step: p.step,
-                loss: p.loss,
-                accuracy: p.accuracy,
-                samples: p.samples,
-            })
+    Some(match WorkerLine::parse(line)? {
+        WorkerLine::Progress { group, progress: p } => {
+            Line::Progress { group, step: p.step, loss: p.loss, accuracy: p.accuracy, samples: p.samples }
         }
-        "finished" => Some(Line::Finished {
-            group: raw.group?,
-            rank: raw.rank.unwrap_or(0),
-            steps: raw.steps?,
-            accuracy: raw.accuracy,
-        }),
-        _ => None,
-    }
+        WorkerLine::Finished { group, rank, steps, accuracy, .. } => {
+            Line::Finished { group, rank, steps, accuracy }
+        }
+    })
 }
 
 #[derive(Clone, Debug, Default)]

@@ -1,3 +1,6 @@
-//! Small helpers every role may use; they import nothing else of the crate.
+//! Small helpers below every layer; they import nothing else of the crate: files written atomically
+//! and pruned ([`fs`]), processes ([`proc`]) and the job's secrets ([`token`]).
 
+pub mod fs;
 pub mod proc;
+pub mod token;

@@ -4,14 +4,15 @@
 //!
 //! Expected flow per rank: [`AllreduceStep::start`] (rank 0's initial weights go to every rank),
 //! [`AllreduceStep::resume`] (rank 0's checkpoint, if it has one, goes to every rank), then
-//! [`crate::train::Trainer::step`] with this step every iteration; [`AllreduceStep::gather_state`]
+//! [`crate::compute::train::Trainer::step`] with this step every iteration; [`AllreduceStep::gather_state`]
 //! before a checkpoint, which rank 0 writes.
 //!
 //! Guarantees: every rank makes the same collective calls in the same order, so the weights are
-//! bit-identical on all ranks after every step. Rank `i` keeps optimizer state (momentum, Adam
+//! bit-identical on all ranks after every step; so is a model's non-trainable state, averaged
+//! over the ranks after every step and resumed with the weights from rank 0's checkpoint. Rank `i` keeps optimizer state (momentum, Adam
 //! moments) for block `i` ([`crate::comm::block_range`]) only, so optimizer memory is split over
 //! the group. The optimizer is elementwise, so one step equals a single process's step on the
-//! averaged gradient: with the batch sharding of [`crate::data`], the group trains like one
+//! averaged gradient: with the batch sharding of [`crate::compute::data`], the group trains like one
 //! process with the group-size× batch, up to the order of floating-point sums.
 
 use std::ops::Range;
@@ -19,10 +20,10 @@ use std::path::Path;
 
 use tandem_api::OptimizerSpec;
 
-use crate::checkpoint::Checkpoint;
 use crate::comm::{CommError, Communicator, ReduceOp, block_range};
-use crate::optim::{Optimizer, OptimizerState};
-use crate::train::{GradientStep, TrainError, Trainer};
+use crate::compute::checkpoint::Checkpoint;
+use crate::compute::optim::{Optimizer, OptimizerState};
+use crate::compute::train::{GradientStep, TrainError, Trainer};
 
 /// A group rank's sharded synchronous SGD step.
 pub struct AllreduceStep<C: Communicator> {
@@ -35,7 +36,7 @@ pub struct AllreduceStep<C: Communicator> {
 impl<C: Communicator> AllreduceStep<C> {
     /// Replaces `params` with rank 0's (equal on every rank afterwards) and owns this rank's block.
     pub fn start(mut comm: C, optimizer: &OptimizerSpec, params: &mut [f32]) -> Result<Self, TrainError> {
-        comm.broadcast(params, 0).map_err(TrainError::collective)?;
+        comm.broadcast(params, 0).map_err(super::collective)?;
         let block = block_range(params.len(), comm.size(), comm.rank());
         let optimizer = Optimizer::new(optimizer, block.len());
         Ok(Self { comm, block, optimizer, gathered: None })
@@ -64,13 +65,18 @@ impl<C: Communicator> AllreduceStep<C> {
             saved.as_ref().map_or(0, |s| s.updates),
             u64::from(saved.is_some()),
         ];
-        broadcast_words(&mut self.comm, &mut header).map_err(TrainError::collective)?;
+        broadcast_words(&mut self.comm, &mut header).map_err(super::collective)?;
         let [resumed, step, updates, with_state] = header;
         if resumed == 0 {
             return Ok(0);
         }
         let mut params = trainer.params().to_vec();
-        self.comm.broadcast(&mut params, 0).map_err(TrainError::collective)?;
+        self.comm.broadcast(&mut params, 0).map_err(super::collective)?;
+        // The non-trainable state (empty for a model without): every rank gets rank 0's.
+        let mut model_state = trainer.state().to_vec();
+        if !model_state.is_empty() {
+            self.comm.broadcast(&mut model_state, 0).map_err(super::collective)?;
+        }
         if with_state == 1 {
             // Whole buffers, in the order this optimizer keeps them; each rank keeps its block.
             let fresh = self.optimizer.state();
@@ -80,7 +86,7 @@ impl<C: Communicator> AllreduceStep<C> {
                     .as_ref()
                     .and_then(|s| s.buffers.iter().find(|(n, _)| *n == name))
                     .map_or_else(|| vec![0.0; params.len()], |(_, b)| b.clone());
-                self.comm.broadcast(&mut full, 0).map_err(TrainError::collective)?;
+                self.comm.broadcast(&mut full, 0).map_err(super::collective)?;
                 buffers.push((name, full));
             }
             if !root {
@@ -89,6 +95,7 @@ impl<C: Communicator> AllreduceStep<C> {
         }
         if !root {
             trainer.set_params(&params)?;
+            trainer.set_state(&model_state)?;
             trainer.skip_to(step)?;
         }
         Ok(step)
@@ -108,7 +115,7 @@ impl<C: Communicator> AllreduceStep<C> {
         for (name, values) in mine.buffers {
             let mut full = vec![0.0; total];
             full[self.block.clone()].copy_from_slice(&values);
-            self.comm.allgather(&mut full).map_err(TrainError::collective)?;
+            self.comm.allgather(&mut full).map_err(super::collective)?;
             buffers.push((name, full));
         }
         self.gathered = Some(OptimizerState { kind: mine.kind, updates: mine.updates, buffers });
@@ -137,18 +144,22 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
         grads: &mut [f32],
     ) -> Result<(), TrainError> {
         let b = self.block.clone();
-        let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(TrainError::collective)?;
+        let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
         if got != b {
             return Err(TrainError::Step(format!("reduce-scatter returned block {got:?}, expected {b:?}")));
         }
         self.optimizer.step(&mut params[b.clone()], &grads[b], lr)?;
-        self.comm.allgather(params).map_err(TrainError::collective)?;
+        self.comm.allgather(params).map_err(super::collective)?;
         self.gathered = None;
         Ok(())
     }
 
     fn optimizer_state(&self) -> Option<OptimizerState> {
         self.gathered.clone()
+    }
+
+    fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
+        self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
     }
 
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {

@@ -1,6 +1,6 @@
 //! One worker rank of a multi-process job: trains its group's share of every step through the
 //! group's [`Communicator`] (`tcp` or `mpi`), with the parameter servers (`ps-sync`, `ps-async`,
-//! `hybrid`, `easgd`, through [`crate::ps::step::PsStep`]) or without (`allreduce`, through
+//! `hybrid`, `easgd`, through [`ps_step::PsStep`]) or without (`allreduce`, through
 //! [`allreduce::AllreduceStep`]).
 //!
 //! Expected flow: form the group's communicator ([`connect_tcp`], or MPI's world communicator
@@ -9,41 +9,44 @@
 //!
 //! Guarantees:
 //! - Data: global rank `group × groupSize + rank` of `groups × groupSize` ranks
-//!   ([`crate::data`]), so one group of p ranks sees at every step exactly the batch of one
+//!   ([`crate::compute::data`]), so one group of p ranks sees at every step exactly the batch of one
 //!   process with the p× batch.
 //! - A restarted group of a PS job continues its step count from the PS
-//!   ([`crate::ps::step::PsStep::start_step`]) with the learning-rate schedule and data stream of
+//!   ([`ps_step::PsStep::start_step`]) with the learning-rate schedule and data stream of
 //!   that step, so the job ends at its step count, not later.
 //! - Progress: every [`PROGRESS_EVERY`] steps and every `evalEverySteps` the group averages its
 //!   training loss since the previous report (a collective, so every rank takes part); rank 0
 //!   passes it to `on_progress` (with the test accuracy at evaluation steps and the last step)
 //!   and, in PS jobs, reports it to every PS shard, where `tandem ps`'s status shows it.
 //! - `allreduce`: every `checkpoint.everySteps` and at the end, rank 0 writes the group's state
-//!   (weights, the gathered optimizer state, the step) as a worker checkpoint into
+//!   (weights, the model's non-trainable state, the gathered optimizer state, the step) as a
+//!   worker checkpoint into
 //!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest [`KEEP_CHECKPOINTS`] are
 //!   kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
 //!
-//! Caveats: on Kubernetes rank 0's output folder outlives its pod only on a volume
+//! Caveats: a model with non-trainable state trains only with `allreduce`; the parameter servers
+//! do not hold such state yet, so a PS job refuses it at start. On Kubernetes rank 0's output folder outlives its pod only on a volume
 //! (`checkpoint.claimName`); with an emptyDir a recreated group starts again from step 0.
 
 pub mod allreduce;
+pub mod ps_step;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
-use tandem_api::Algorithm;
+use tandem_api::JobPlan;
 use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
-use crate::comm::{Communicator, ReduceOp};
+use crate::comm::{CommError, Communicator, ReduceOp};
+use crate::compute::device::Device;
+use crate::compute::train::{GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
-use crate::ps::step::{Exchange, PsStep};
 use crate::ps::wire::Progress;
-use crate::train::{GradientStep, TrainError, Trainer};
 use allreduce::AllreduceStep;
+use ps_step::PsStep;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
@@ -113,6 +116,13 @@ pub struct Summary {
     pub accuracy: f64,
 }
 
+/// A failed group collective as a training error: [`TrainError::PeerLost`] when a peer rank was
+/// lost (retryable), [`TrainError::Step`] otherwise.
+pub fn collective(e: CommError) -> TrainError {
+    let message = format!("group collective: {e}");
+    if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
+}
+
 /// Forms group `place.group`'s `tcp` communicator from the job config's peer list.
 pub fn connect_tcp(job: &JobConfig, place: &Place, token: &str) -> Result<TcpComm, WorkerError> {
     tcp::connect_from_contract(
@@ -178,37 +188,48 @@ pub fn run<C: Communicator>(
     }
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
-    let data = crate::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
+    let data = crate::compute::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
+    // The job's facts, decided once: what the servers do and how long the run is. The servers'
+    // schedule spans the plan's step count, which the hello tells them.
+    let plan =
+        JobPlan::resolve(spec, data.train.len() as u64).map_err(|e| WorkerError::Config(e.to_string()))?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
+    if trainer.total_steps() != plan.total_steps {
+        return Err(WorkerError::Config(format!(
+            "this rank's data loader gives a {}-step run but the job plan {}; this is a bug, please report it",
+            trainer.total_steps(),
+            plan.total_steps
+        )));
+    }
+    if plan.ps_mode.is_some() && !trainer.state().is_empty() {
+        // A group restarted from the servers would start its state afresh: refuse, not drift.
+        return Err(WorkerError::Config(format!(
+            "this model keeps {} values of non-trainable state (e.g. batch-norm statistics), which the \
+             parameter servers do not hold yet; train it with algorithm: allreduce",
+            trainer.state().len()
+        )));
+    }
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
-    let mut update = match training.algorithm {
-        Algorithm::Allreduce => {
-            Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?)
-        }
-        algorithm => {
-            let exchange = match algorithm {
-                Algorithm::Easgd => Exchange::Elastic {
-                    alpha: training.easgd.alpha as f32,
-                    tau: u64::from(training.easgd.tau),
-                    optimizer: training.optimizer.clone(),
-                },
-                _ => Exchange::Gradient,
-            };
+    let mut update = match plan.ps_mode {
+        None => Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?),
+        Some(mode) => {
             let servers: Vec<String> = job.parameter_servers.iter().map(|e| e.to_string()).collect();
-            let client = PsClient::connect(ClientConfig::worker(
+            let config = ClientConfig::worker(
                 servers,
                 token,
                 place.group,
                 place.rank,
                 place.attempt,
                 params.len() as u64,
-            ))?;
-            Update::Ps(Box::new(PsStep::start(comm, client, exchange, &mut params)?))
+            )
+            .run(plan.total_steps, mode);
+            let client = PsClient::connect(config)?;
+            Update::Ps(Box::new(PsStep::start(comm, client, &training.optimizer, &mut params)?))
         }
     };
     trainer.set_params(&params)?;
-    let steps = trainer.total_steps();
+    let steps = plan.total_steps;
     let start = match &mut update {
         Update::Ps(s) => {
             let start = s.start_step().min(steps);
@@ -219,7 +240,7 @@ pub fn run<C: Communicator>(
         }
         Update::Allreduce(s) => {
             let newest = if place.rank == 0 {
-                crate::checkpoint::latest(&checkpoints).map_err(TrainError::from)?
+                crate::compute::checkpoint::latest(&checkpoints).map_err(TrainError::from)?
             } else {
                 None
             };
@@ -258,7 +279,7 @@ pub fn run<C: Communicator>(
         }
         // The group's mean training loss since the last report.
         let mut sums = [loss_sum, seen];
-        update.comm().allreduce(&mut sums, ReduceOp::Sum).map_err(TrainError::collective)?;
+        update.comm().allreduce(&mut sums, ReduceOp::Sum).map_err(collective)?;
         (loss_sum, seen) = (0.0, 0.0);
         if place.rank != 0 {
             continue;
@@ -301,7 +322,7 @@ fn save_group_checkpoint<C: Communicator>(
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| WorkerError::Config(format!("cannot create {} for checkpoints: {e}", dir.display())))?;
-    trainer.save(step, &crate::checkpoint::step_path(dir, trainer.step_count()))?;
-    crate::checkpoint::prune(dir, KEEP_CHECKPOINTS).map_err(TrainError::from)?;
+    trainer.save(step, &crate::compute::checkpoint::step_path(dir, trainer.step_count()))?;
+    crate::compute::checkpoint::prune(dir, KEEP_CHECKPOINTS).map_err(TrainError::from)?;
     Ok(())
 }

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use super::super::auth;
+use crate::util::token::hmac;
 
 const MAGIC: [u8; 8] = *b"TNDMSHM1";
 const HEADER_BYTES: usize = 4096;
@@ -75,7 +76,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn geometry_mac(token: &[u8], nonce: &[u8], ranks: usize, slots: usize, slot_bytes: usize) -> [u8; 32] {
-    auth::hmac(
+    hmac(
         token,
         &[
             b"tandem-shm-v1/segment",
@@ -90,7 +91,7 @@ fn geometry_mac(token: &[u8], nonce: &[u8], ranks: usize, slots: usize, slot_byt
 impl Segment {
     /// The file name of the segment for `nonce`: only holders of `token` can compute it.
     pub fn file_name(token: &[u8], nonce: &[u8]) -> String {
-        let mac = auth::hmac(token, &[b"tandem-shm-v1/name", nonce]);
+        let mac = hmac(token, &[b"tandem-shm-v1/name", nonce]);
         format!("tandem-{}", hex(&mac[..16]))
     }
 

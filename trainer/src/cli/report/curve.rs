@@ -1,0 +1,188 @@
+//! The training curve: loss and accuracy against step, collected from [`Event`]s and drawn as a
+//! self-contained SVG (two panels: loss, accuracy; training and test series), plus the same numbers
+//! as CSV for other tools.
+//!
+//! Single-process training records [`Event`]s ([`Curve::record`]); the local runner's merged
+//! progress of a multi-process job records its points directly ([`Curve::record_merged`]), where
+//! a value nobody measured (the training accuracy, the test loss before the end) is NaN.
+//!
+//! Guarantees: the SVG needs no fonts or scripts beyond a browser's defaults; an empty series is
+//! left out rather than drawn, and so are NaN values (an empty field in the CSV).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use tandem::compute::train::Event;
+
+/// Points collected during a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Curve {
+    /// (step, mean training loss, training accuracy).
+    pub train: Vec<(u64, f64, f64)>,
+    /// (step, test loss, test accuracy).
+    pub test: Vec<(u64, f64, f64)>,
+}
+
+impl Curve {
+    /// Records the points an event carries.
+    pub fn record(&mut self, event: &Event) {
+        match *event {
+            Event::Train { step, loss, accuracy, .. } => self.train.push((step, loss, accuracy)),
+            Event::Eval { step, test_loss, test_accuracy }
+                if self.test.last().is_none_or(|l| l.0 != step) =>
+            {
+                self.test.push((step, test_loss, test_accuracy));
+            }
+            _ => {}
+        }
+    }
+
+    /// Records a point of a multi-process job's merged progress at `step`: the groups' mean
+    /// training `loss` and the latest test `accuracy` (with `test_loss` at the end). A second point
+    /// at the same step replaces the first, so each series keeps one point per step.
+    pub fn record_merged(
+        &mut self,
+        step: u64,
+        loss: Option<f64>,
+        accuracy: Option<f64>,
+        test_loss: Option<f64>,
+    ) {
+        fn put(series: &mut Vec<(u64, f64, f64)>, point: (u64, f64, f64)) {
+            match series.last_mut() {
+                Some(last) if last.0 == point.0 => *last = point,
+                _ => series.push(point),
+            }
+        }
+        if let Some(loss) = loss {
+            put(&mut self.train, (step, loss, f64::NAN));
+        }
+        if let Some(accuracy) = accuracy {
+            put(&mut self.test, (step, test_loss.unwrap_or(f64::NAN), accuracy));
+        }
+    }
+
+    /// The curve as CSV: `series,step,loss,accuracy`; NaN values are empty fields.
+    pub fn to_csv(&self) -> String {
+        let field = |v: f64| if v.is_finite() { v.to_string() } else { String::new() };
+        let mut s = String::from("series,step,loss,accuracy\n");
+        for (name, pts) in [("train", &self.train), ("test", &self.test)] {
+            for (step, loss, acc) in pts {
+                let _ = writeln!(s, "{name},{step},{},{}", field(*loss), field(*acc));
+            }
+        }
+        s
+    }
+
+    /// The curve as an SVG document titled `title`.
+    pub fn to_svg(&self, title: &str) -> String {
+        let (w, h) = (960.0, 400.0);
+        let mut s = format!(
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="22" text-anchor="middle" font-size="16">{}</text>
+"##,
+            w / 2.0,
+            escape(title)
+        );
+        let max_step = self.train.iter().chain(&self.test).map(|p| p.0).max().unwrap_or(1).max(1) as f64;
+        let loss_max =
+            self.train.iter().chain(&self.test).map(|p| p.1).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        let loss_max = if loss_max > 0.0 { loss_max * 1.05 } else { 1.0 };
+        let panels = [("loss", 60.0, loss_max, 1usize), ("accuracy", 540.0, 1.0, 2usize)];
+        for (label, x0, ymax, field) in panels {
+            let (pw, ph, y0) = (380.0, 300.0, 50.0);
+            let px = |step: u64| x0 + pw * step as f64 / max_step;
+            let py = |v: f64| y0 + ph * (1.0 - (v / ymax).clamp(0.0, 1.0));
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>
+<text x="{}" y="{}" text-anchor="middle">{label}</text>
+<text x="{}" y="{}" text-anchor="middle">step</text>"##,
+                x0 + pw / 2.0,
+                y0 - 6.0,
+                x0 + pw / 2.0,
+                y0 + ph + 32.0
+            );
+            for i in 0..=4 {
+                let v = ymax * i as f64 / 4.0;
+                let stp = (max_step * i as f64 / 4.0).round() as u64;
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{x0}" x2="{}" y1="{y}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{v:.2}</text><text x="{}" y="{}" text-anchor="middle">{stp}</text>"##,
+                    x0 + pw,
+                    x0 - 4.0,
+                    py(v) + 4.0,
+                    px(stp),
+                    y0 + ph + 16.0,
+                    y = py(v)
+                );
+            }
+            for (name, pts, color) in [("train", &self.train, "#1f77b4"), ("test", &self.test, "#d62728")] {
+                let path: Vec<String> = pts
+                    .iter()
+                    .map(|p| (p.0, if field == 1 { p.1 } else { p.2 }))
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(step, v)| format!("{:.1},{:.1}", px(step), py(v)))
+                    .collect();
+                if path.is_empty() {
+                    continue;
+                }
+                let _ = writeln!(
+                    s,
+                    r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"##,
+                    path.join(" ")
+                );
+                let ly = if name == "train" { y0 + 14.0 } else { y0 + 30.0 };
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/><text x="{}" y="{}">{name}</text>"##,
+                    x0 + pw - 80.0,
+                    x0 + pw - 60.0,
+                    x0 + pw - 55.0,
+                    ly + 4.0
+                );
+            }
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+
+    /// Writes `curve.svg` and `curve.csv` into `dir`; returns the SVG's path.
+    pub fn write(&self, dir: &Path, title: &str) -> std::io::Result<std::path::PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let svg = dir.join("curve.svg");
+        std::fs::write(&svg, self.to_svg(title))?;
+        std::fs::write(dir.join("curve.csv"), self.to_csv())?;
+        Ok(svg)
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_points_keep_one_per_step_and_leave_unmeasured_values_out() {
+        let mut curve = Curve::default();
+        curve.record_merged(100, Some(0.9), Some(0.80), None);
+        curve.record_merged(100, Some(0.7), Some(0.85), None);
+        curve.record_merged(200, Some(0.5), None, None);
+        curve.record_merged(200, None, Some(0.91), Some(0.3));
+        assert_eq!(curve.train.len(), 2);
+        assert_eq!((curve.train[0].0, curve.train[0].1), (100, 0.7));
+        assert_eq!(curve.test.iter().map(|p| (p.0, p.2)).collect::<Vec<_>>(), [(100, 0.85), (200, 0.91)]);
+        assert_eq!(curve.test[1].1, 0.3);
+
+        let csv = curve.to_csv();
+        assert!(csv.contains("train,100,0.7,\n"), "{csv}");
+        assert!(csv.contains("test,100,,0.85\n"), "{csv}");
+        assert!(csv.contains("test,200,0.3,0.91\n"), "{csv}");
+        let svg = curve.to_svg("merged");
+        assert!(!svg.contains("NaN"), "{svg}");
+        assert_eq!(svg.matches("<polyline").count(), 3, "train loss, test loss and test accuracy");
+    }
+}

@@ -1,0 +1,76 @@
+//! The data sets a spec names: the built-in ones (MNIST-5k, scikit-learn's 8×8 digits, seeded
+//! synthetic data), read from the data folder, and a user's files (`source: path`).
+//!
+//! Guarantees: MNIST-5k splits 4,000/1,000 and the digits 1,437/360; pixel values are scaled to
+//! [0, 1]; a missing built-in file is an error that names the command that fetches it.
+
+use std::path::{Path, PathBuf};
+
+use tandem_api::{DataSource, DataSpec};
+
+use super::csv::{CsvOptions, read_csv};
+use super::idx::read_idx;
+use super::split::{Splits, split};
+use super::synthetic::synthetic;
+use super::{DataError, InputShape};
+
+/// File of the MNIST-5k built-in set inside the data folder.
+pub const MNIST5K_FILE: &str = "mnist_5k.csv.gz";
+/// File of the 8×8 digits built-in set inside the data folder.
+pub const DIGITS_FILE: &str = "digits.csv.gz";
+
+/// Loads the training and test sets that `spec` names; built-in files are read from `data_dir`.
+pub fn load(spec: &DataSpec, data_dir: &Path, seed: u64) -> Result<Splits, DataError> {
+    let label_column = spec.label_column.map(|c| c as usize);
+    match spec.source {
+        DataSource::Mnist5k => {
+            let shape = InputShape { channels: 1, height: 28, width: 28 };
+            let opts = CsvOptions { label_column, classes: Some(10), scale: 255.0, shape: Some(shape) };
+            split(&read_csv(&data_dir.join(MNIST5K_FILE), &opts)?, 1000)
+        }
+        DataSource::Digits => {
+            let shape = InputShape { channels: 1, height: 8, width: 8 };
+            let opts = CsvOptions { label_column, classes: Some(10), scale: 16.0, shape: Some(shape) };
+            split(&read_csv(&data_dir.join(DIGITS_FILE), &opts)?, 360)
+        }
+        DataSource::Synthetic => {
+            let n = spec.synthetic_samples.unwrap_or(10_000) as usize;
+            let shape = InputShape { channels: 1, height: 28, width: 28 };
+            let data = synthetic(n, shape, 10, seed);
+            split(&data, (n / 5).max(1))
+        }
+        DataSource::Path => {
+            let path = PathBuf::from(spec.path.as_deref().unwrap_or_default());
+            load_path(&path, label_column)
+        }
+    }
+}
+
+/// Loads a user-supplied data set: a CSV file (20% held out for testing), an IDX images file whose
+/// labels file has the same name with `labels-idx1` for `images-idx3`, or a folder with MNIST's four
+/// standard files (`train-…` for training, `t10k-…` for testing).
+pub fn load_path(path: &Path, label_column: Option<usize>) -> Result<Splits, DataError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if path.is_dir() {
+        let find = |prefix: &str, kind: &str| -> Result<PathBuf, DataError> {
+            for ext in ["", ".gz"] {
+                let p = path.join(format!("{prefix}-{kind}-ubyte{ext}"));
+                if p.exists() {
+                    return Ok(p);
+                }
+            }
+            Err(DataError::Missing { path: path.join(format!("{prefix}-{kind}-ubyte[.gz]")) })
+        };
+        let train = read_idx(&find("train", "images-idx3")?, &find("train", "labels-idx1")?, 10)?;
+        let test = read_idx(&find("t10k", "images-idx3")?, &find("t10k", "labels-idx1")?, 10)?;
+        return Ok(Splits { train, test });
+    }
+    if name.contains("images-idx3") {
+        let labels = path.with_file_name(name.replace("images-idx3", "labels-idx1"));
+        let data = read_idx(path, &labels, 10)?;
+        return split(&data, (data.len() / 5).max(1));
+    }
+    let opts = CsvOptions { label_column, classes: None, scale: 1.0, shape: None };
+    let data = read_csv(path, &opts)?;
+    split(&data, (data.len() / 5).max(1))
+}

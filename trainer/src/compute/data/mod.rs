@@ -1,0 +1,200 @@
+//! Training data: where a rank's batches come from ([`Source`]: a shuffled table in memory,
+//! [`table::Loader`], or a stream of shard files, [`stream::ShardStream`]), the readers ([`csv`],
+//! [`idx`]), the data sets a spec names ([`builtin`]: MNIST-5k, scikit-learn's 8×8 digits, a
+//! user's files), seeded [`mod@synthetic`] data and the deterministic train/test [`mod@split`].
+//!
+//! Guarantees:
+//! - A file that is truncated, has the wrong number of columns, a value that is not a number, or a label
+//!   out of range is refused with an error naming the file and the line (CSV) or record (IDX).
+//! - The train/test split depends only on the data set (a fixed seed), never on the training seed, so
+//!   every run and every rank evaluates on the same test set. MNIST-5k splits 4,000/1,000.
+//! - Batches are a pure function of (seed, epoch, rank, world, batch index): each epoch the training set
+//!   is permuted by a generator derived from (seed, epoch) and cut into *global* batches of
+//!   `world × batch` samples; rank r of w takes the r-th `batch` samples of each global batch. So at
+//!   every step the union of the w ranks' batches is exactly the batch of one process training with
+//!   the w× batch (synchronous data-parallel SGD is batch-equivalent), and one rank (w = 1) sees
+//!   plain consecutive batches of the permutation. The samples that do not fill a global batch are
+//!   left out that epoch (differently each epoch). A [`DataCursor`] is therefore all a checkpoint
+//!   needs to resume the exact sequence.
+//! - Pixel values are scaled to [0, 1].
+
+pub mod builtin;
+pub mod csv;
+pub mod idx;
+pub mod split;
+pub mod stream;
+pub mod synthetic;
+pub mod table;
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+pub use builtin::{DIGITS_FILE, MNIST5K_FILE, load, load_path};
+pub use csv::{CsvOptions, MAX_CLASSES, read_csv};
+pub use idx::read_idx;
+pub use split::{Splits, split};
+pub use stream::ShardStream;
+pub use synthetic::synthetic;
+pub use table::Loader;
+
+/// Shape of one input sample: channels × height × width (an MLP sees it flattened).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InputShape {
+    /// Channels.
+    pub channels: usize,
+    /// Height in pixels.
+    pub height: usize,
+    /// Width in pixels.
+    pub width: usize,
+}
+
+impl InputShape {
+    /// Values per sample.
+    pub fn features(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+}
+
+/// Errors while reading or batching data.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A built-in data file is not there.
+    #[error(
+        "data file {path} is missing: run `make data` (scripts/fetch-data.sh) to fetch the built-in data sets"
+    )]
+    Missing {
+        /// The expected path.
+        path: PathBuf,
+    },
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The content is malformed.
+    #[error("{path}: {place}: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// `line N` or `record N` (1-based).
+        place: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The data set cannot be used as configured.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A labelled image classification data set held in memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    /// Where it came from, for messages.
+    pub name: String,
+    /// Sample shape.
+    pub shape: InputShape,
+    /// Number of classes; every label is below it.
+    pub classes: usize,
+    /// `len() × shape.features()` values, sample-major.
+    pub features: Vec<f32>,
+    /// One label per sample.
+    pub labels: Vec<u32>,
+}
+
+impl Dataset {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there is no sample.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The features of sample `i`.
+    pub fn sample(&self, i: usize) -> &[f32] {
+        let d = self.shape.features();
+        &self.features[i * d..(i + 1) * d]
+    }
+
+    /// The samples at `indices`, in that order.
+    pub fn select(&self, indices: &[u32]) -> Dataset {
+        let mut out = Dataset { features: Vec::new(), labels: Vec::new(), ..self.clone_meta() };
+        out.features.reserve(indices.len() * self.shape.features());
+        for &i in indices {
+            out.features.extend_from_slice(self.sample(i as usize));
+            out.labels.push(self.labels[i as usize]);
+        }
+        out
+    }
+
+    fn clone_meta(&self) -> Dataset {
+        Dataset {
+            name: self.name.clone(),
+            shape: self.shape,
+            classes: self.classes,
+            features: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+}
+
+pub(crate) fn format_err(path: &Path, place: String, message: impl Into<String>) -> DataError {
+    DataError::Format { path: path.to_owned(), place, message: message.into() }
+}
+
+/// Opens a file, decompressing it when its name ends in `.gz`.
+pub(crate) fn open(path: &Path) -> Result<Box<dyn Read + Send>, DataError> {
+    let f = File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            DataError::Missing { path: path.to_owned() }
+        } else {
+            DataError::Io { path: path.to_owned(), source: e }
+        }
+    })?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        Ok(Box::new(flate2::read::GzDecoder::new(BufReader::new(f))))
+    } else {
+        Ok(Box::new(f))
+    }
+}
+
+/// Position in the stream of batches: enough to resume it exactly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DataCursor {
+    /// Epoch (0-based).
+    pub epoch: u64,
+    /// Next batch within the epoch (0-based).
+    pub batch: u64,
+}
+
+/// Where a rank's training batches come from: a shuffled table in memory ([`Loader`]) or a stream
+/// of files read as it goes ([`ShardStream`]).
+///
+/// Guarantees every implementation gives: batches are a pure function of (seed, epoch, rank,
+/// world, batch index), each of `batch size` samples; rank r of w takes the r-th slice of each
+/// global batch of w × batch samples, so p ranks step like one process with the p× batch; and
+/// after [`Source::seek`] to a [`Source::cursor`] the batches continue exactly as they would have.
+pub trait Source: std::fmt::Debug + Send {
+    /// Where the samples come from, for messages.
+    fn name(&self) -> &str;
+    /// Shape of one sample.
+    fn shape(&self) -> InputShape;
+    /// Number of classes; every label is below it.
+    fn classes(&self) -> usize;
+    /// Training samples over all ranks (what the job plan turns into steps per epoch).
+    fn samples(&self) -> u64;
+    /// Full batches per epoch on this rank.
+    fn batches_per_epoch(&self) -> u64;
+    /// Where the next batch comes from.
+    fn cursor(&self) -> DataCursor;
+    /// Continues from `cursor` (from a checkpoint, or the step a restarted group resumes at).
+    fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError>;
+    /// Fills `x` and `y` with the next batch and advances the cursor; returns the batch's cursor.
+    fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError>;
+}

@@ -1,0 +1,128 @@
+//! Models: what turns a batch and the flat parameters into a loss and a flat gradient.
+//!
+//! A [`Model`] is a set of explicit functions over flat buffers — parameters and gradients of its
+//! [`Model::layout`], non-trainable state of its [`Model::state_layout`] — which the training loop
+//! owns ([`crate::compute::params::ParamStore`]). Nothing in the trait is tied to a framework: a
+//! model may keep preallocated activations and device copies inside itself and compute its
+//! forward and backward passes by hand, or hand them to a framework. Today's families, an MLP
+//! ([`mlp`]) and a LeNet-style CNN ([`cnn`]), are built on candle ([`net`]) from shared layers
+//! ([`layers`]); [`build`] picks one from `spec.model`.
+//!
+//! Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …); see
+//! [`crate::compute::params`] for the flat order.
+
+pub mod cnn;
+pub mod layers;
+pub mod mlp;
+pub mod net;
+
+use tandem_api::ModelSpec;
+
+use crate::compute::data::InputShape;
+use crate::compute::device::{Device, DeviceError};
+use crate::compute::params::{FlatError, FlatLayout};
+
+pub use net::Net;
+
+/// Errors while building or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The spec cannot describe a model for this data.
+    #[error("invalid model spec: {0}")]
+    Spec(String),
+    /// A candle operation failed.
+    #[error("{op} failed: {source}")]
+    Candle {
+        /// What the model was doing.
+        op: &'static str,
+        /// candle's error, with shapes.
+        source: candle_core::Error,
+    },
+    /// Copying one tensor to or from the flat buffers failed.
+    #[error("copying tensor {name} through the flat buffer: {source}")]
+    Tensor {
+        /// Tensor name.
+        name: String,
+        /// candle's error.
+        source: candle_core::Error,
+    },
+    /// The requested device is not usable.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A flat buffer does not fit the model.
+    #[error(transparent)]
+    Flat(#[from] FlatError),
+}
+
+fn ctx(op: &'static str) -> impl FnOnce(candle_core::Error) -> ModelError {
+    move |source| ModelError::Candle { op, source }
+}
+
+/// One batch: `labels.len()` samples of `features.len() / labels.len()` values each.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// Sample-major features.
+    pub features: &'a [f32],
+    /// One class per sample.
+    pub labels: &'a [u32],
+}
+
+/// Loss and accuracy of one batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchStats {
+    /// Mean cross-entropy over the batch.
+    pub loss: f32,
+    /// Correct predictions.
+    pub correct: usize,
+    /// Samples in the batch.
+    pub samples: usize,
+}
+
+/// A classifier as functions over flat buffers (see the module documentation).
+///
+/// Guarantees every implementation gives: `forward_backward` and `evaluate` read the parameters
+/// only from `params` (never from an earlier call), so moving the buffers between processes or
+/// restoring them from a checkpoint is all it takes to move the model; equal inputs give equal
+/// outputs.
+pub trait Model: std::fmt::Debug + Send {
+    /// Names, shapes and offsets of the trainable parameters (and of their gradients).
+    fn layout(&self) -> &FlatLayout;
+
+    /// Names, shapes and offsets of the non-trainable state (e.g. running statistics); empty for
+    /// a model without state.
+    fn state_layout(&self) -> &FlatLayout;
+
+    /// Output classes.
+    fn classes(&self) -> usize;
+
+    /// Where the model computes.
+    fn device(&self) -> &Device;
+
+    /// Writes the initial parameters and state, drawn from the seed the model was built with.
+    fn init(&self, params: &mut [f32], state: &mut [f32]) -> Result<(), ModelError>;
+
+    /// Mean loss and accuracy of `batch` in training mode, with the gradient of the mean loss
+    /// written to `grads` and the state updated (e.g. running statistics moved towards the batch's).
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        state: &mut [f32],
+        grads: &mut [f32],
+        batch: Batch<'_>,
+    ) -> Result<BatchStats, ModelError>;
+
+    /// Mean loss and accuracy of `batch` in evaluation mode; changes nothing.
+    fn evaluate(&mut self, params: &[f32], state: &[f32], batch: Batch<'_>)
+    -> Result<BatchStats, ModelError>;
+}
+
+/// The model `spec` describes, for inputs of `input` and `classes` classes, initialised from `seed`.
+pub fn build(
+    spec: &ModelSpec,
+    input: InputShape,
+    classes: usize,
+    seed: u64,
+    device: &Device,
+) -> Result<Box<dyn Model>, ModelError> {
+    Ok(Box::new(Net::new(spec, input, classes, seed, device)?))
+}

@@ -1,0 +1,562 @@
+//! The training loop as a library type: a [`Trainer`] computes the flat gradient of one batch and
+//! hands it, with the flat parameters, to a [`GradientStep`] that decides how gradients are combined
+//! and applied — [`LocalStep`] runs the optimizer in-process; distributed roles (allreduce groups,
+//! parameter-server clients) implement the same trait around their communication.
+//!
+//! Expected flow: [`Trainer::new`] → optionally [`Trainer::resume`] → [`Trainer::run`] (or your own
+//! loop of [`Trainer::step`], [`Trainer::evaluate`], [`Trainer::checkpoint`]).
+//!
+//! Guarantees: the state that determines the weights is (flat parameters, optimizer state, step, data
+//! cursor, RNG state); a checkpoint holds all of it, so resuming at step k and running to step n gives
+//! bit-for-bit the weights of an uninterrupted run to n (same build, same thread count — candle's CPU
+//! kernels are deterministic for a fixed thread count). The trainer's parameter buffer and the model's
+//! tensors are equal after every step.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tandem_api::TrainingJobSpec;
+
+use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
+use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Source, Splits};
+use crate::compute::device::Device;
+use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
+use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
+use crate::compute::params::{FlatError, FlatLayout, ParamStore};
+
+/// Errors of training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Model construction or compute.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// Data loading or batching.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// Optimizer.
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+    /// Checkpoint I/O.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A flat buffer does not fit the model.
+    #[error(transparent)]
+    Flat(#[from] FlatError),
+    /// The job cannot be trained as configured.
+    #[error("{0}")]
+    Config(String),
+    /// Training diverged.
+    #[error("training diverged at step {step}: the loss is {loss}; lower training.optimizer.learningRate")]
+    Diverged {
+        /// Step.
+        step: u64,
+        /// The non-finite loss.
+        loss: f32,
+    },
+    /// A gradient step implementation failed (communication, PS, …).
+    #[error("gradient step: {0}")]
+    Step(String),
+    /// Another process of the job was lost (a peer rank, a parameter server); retryable.
+    #[error("{0}")]
+    PeerLost(String),
+}
+
+/// How a computed gradient becomes new parameters: apply it locally, or combine it with other ranks
+/// or a parameter server first.
+pub trait GradientStep {
+    /// Turns `grads` (the flat gradient of this rank's batch, which may be overwritten) into updated
+    /// `params` for global step `step` with learning rate `lr`.
+    fn apply(&mut self, step: u64, lr: f64, params: &mut [f32], grads: &mut [f32]) -> Result<(), TrainError>;
+
+    /// Optimizer state to keep in a worker checkpoint, if this side owns the optimizer.
+    fn optimizer_state(&self) -> Option<OptimizerState>;
+
+    /// Restores what [`GradientStep::optimizer_state`] returned.
+    fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError>;
+
+    /// Brings the model's non-trainable state (e.g. batch-norm running statistics, which each
+    /// rank moved towards its own batch) to what the replicas share after the step: a group
+    /// averages it over its ranks. Called after [`GradientStep::apply`], only for a model that
+    /// has state; a single process keeps its own.
+    fn sync_state(&mut self, _state: &mut [f32]) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// Single-process training: the optimizer runs here over the whole flat vector.
+#[derive(Debug)]
+pub struct LocalStep {
+    optimizer: Optimizer,
+}
+
+impl LocalStep {
+    /// Local updates with `optimizer`.
+    pub fn new(optimizer: Optimizer) -> Self {
+        Self { optimizer }
+    }
+}
+
+impl GradientStep for LocalStep {
+    fn apply(
+        &mut self,
+        _step: u64,
+        lr: f64,
+        params: &mut [f32],
+        grads: &mut [f32],
+    ) -> Result<(), TrainError> {
+        Ok(self.optimizer.step(params, grads, lr)?)
+    }
+
+    fn optimizer_state(&self) -> Option<OptimizerState> {
+        Some(self.optimizer.state())
+    }
+
+    fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {
+        Ok(self.optimizer.restore(state)?)
+    }
+}
+
+/// Kind recorded in worker checkpoints.
+pub const WORKER_CHECKPOINT: &str = "worker";
+
+/// Prefix of the non-trainable state's tensor names in a worker checkpoint (`state.bn1.running_mean`).
+pub const STATE_PREFIX: &str = "state.";
+
+/// The result of one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    /// Steps completed after this one.
+    pub step: u64,
+    /// Epoch of the batch.
+    pub epoch: u64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Loss and accuracy of the batch.
+    pub batch: BatchStats,
+}
+
+/// Test-set loss and accuracy.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Evaluation {
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Fraction classified correctly.
+    pub accuracy: f64,
+}
+
+/// Progress events of [`Trainer::run`], serialised one JSON object per line by `--output json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// Training starts (or resumes at `step`).
+    Started {
+        /// Parameters in the model.
+        parameters: usize,
+        /// Steps to run in total.
+        total_steps: u64,
+        /// Batches per epoch on this rank.
+        steps_per_epoch: u64,
+        /// Step training starts from.
+        step: u64,
+        /// Compute device.
+        device: String,
+    },
+    /// Mean training loss and accuracy over the steps since the previous such event.
+    Train {
+        /// Steps completed.
+        step: u64,
+        /// Epoch.
+        epoch: u64,
+        /// Mean training loss.
+        loss: f64,
+        /// Training accuracy.
+        accuracy: f64,
+        /// Learning rate.
+        lr: f64,
+    },
+    /// Test-set evaluation.
+    Eval {
+        /// Steps completed.
+        step: u64,
+        /// Test loss.
+        test_loss: f64,
+        /// Test accuracy.
+        test_accuracy: f64,
+    },
+    /// A checkpoint was written.
+    Checkpoint {
+        /// Steps completed.
+        step: u64,
+        /// Where.
+        path: String,
+    },
+    /// Training finished.
+    Finished {
+        /// Final test accuracy.
+        test_accuracy: f64,
+        /// Final test loss.
+        test_loss: f64,
+        /// Steps completed.
+        steps: u64,
+        /// Training samples per second on this rank (steps run here × batch / training time).
+        samples_per_second: f64,
+        /// Wall time of the run, evaluation and checkpoints included.
+        wall_seconds: f64,
+    },
+}
+
+/// Options of [`Trainer::run`].
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Folder for periodic checkpoints; `None` disables them.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoints kept in the folder (older ones are deleted); 0 keeps all.
+    pub keep_checkpoints: usize,
+    /// Emit a [`Event::Train`] every this many steps (0: chosen from the run length).
+    pub log_every: u64,
+}
+
+/// Single-rank training state: model, data, flat buffers, schedule, position.
+#[derive(Debug)]
+pub struct Trainer {
+    model: Box<dyn Model>,
+    loader: Box<dyn Source>,
+    test: Dataset,
+    store: ParamStore,
+    schedule: LrSchedule,
+    step: u64,
+    total_steps: u64,
+    batch_size: usize,
+    eval_every: u64,
+    checkpoint_every: u64,
+    config_hash: String,
+    x: Vec<f32>,
+    y: Vec<u32>,
+}
+
+impl Trainer {
+    /// A trainer for `spec` on `data`, as rank `rank` of `world` data-parallel ranks.
+    pub fn new(
+        spec: &TrainingJobSpec,
+        data: Splits,
+        device: &Device,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self, TrainError> {
+        let Splits { train, test } = data;
+        let classes = train.classes.max(test.classes);
+        let model = model::build(&spec.model, train.shape, classes, spec.training.seed, device)?;
+        let loader = Loader::new(train, spec.data.batch_size as usize, spec.training.seed, rank, world)?;
+        Self::with_parts(spec, model, Box::new(loader), test, world)
+    }
+
+    /// A trainer for `spec` with its parts given: the model, this rank's training batches and
+    /// the test set, as one of `world` data-parallel ranks.
+    pub fn with_parts(
+        spec: &TrainingJobSpec,
+        model: Box<dyn Model>,
+        loader: Box<dyn Source>,
+        test: Dataset,
+        world: usize,
+    ) -> Result<Self, TrainError> {
+        let t = &spec.training;
+        let batch_size = spec.data.batch_size as usize;
+        let total_steps = tandem_api::plan::total_steps(t, loader.batches_per_epoch())
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+        let mut store = ParamStore::new(model.layout().clone(), model.state_layout().clone());
+        let parts = store.parts();
+        model.init(parts.params, parts.state)?;
+        let config = serde_json::json!({
+            "model": spec.model,
+            "data": spec.data,
+            "optimizer": t.optimizer,
+            "algorithm": t.algorithm,
+            "seed": t.seed,
+            "total_steps": total_steps,
+            // Not the rank: the ranks of an allreduce group share one state, and rank 0's
+            // checkpoint resumes all of them.
+            "world": world,
+        });
+        Ok(Self {
+            store,
+            schedule: LrSchedule::new(t.optimizer.learning_rate, &t.optimizer.schedule, total_steps),
+            model,
+            loader,
+            test,
+            step: 0,
+            total_steps,
+            batch_size,
+            eval_every: t.eval_every_steps,
+            checkpoint_every: t.checkpoint.every_steps,
+            config_hash: checkpoint::config_hash(&config),
+            x: Vec::new(),
+            y: Vec::new(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// The flat parameters, state and gradients.
+    pub fn store(&self) -> &ParamStore {
+        &self.store
+    }
+
+    /// The flat parameters.
+    pub fn params(&self) -> &[f32] {
+        self.store.params()
+    }
+
+    /// Replaces the parameters (e.g. weights pulled from a parameter server); the state stays.
+    pub fn set_params(&mut self, src: &[f32]) -> Result<(), TrainError> {
+        let state = self.store.state().to_vec();
+        Ok(self.store.set(src, &state)?)
+    }
+
+    /// The non-trainable state.
+    pub fn state(&self) -> &[f32] {
+        self.store.state()
+    }
+
+    /// Replaces the non-trainable state (e.g. rank 0's, when a group resumes); the parameters stay.
+    pub fn set_state(&mut self, src: &[f32]) -> Result<(), TrainError> {
+        let params = self.store.params().to_vec();
+        Ok(self.store.set(&params, src)?)
+    }
+
+    /// The flat gradient of the last computed batch.
+    pub fn grads(&self) -> &[f32] {
+        self.store.grads()
+    }
+
+    /// Steps completed.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Steps of the whole run.
+    pub fn total_steps(&self) -> u64 {
+        self.total_steps
+    }
+
+    /// Where the data stream continues.
+    pub fn cursor(&self) -> DataCursor {
+        self.loader.cursor()
+    }
+
+    /// Batches per epoch on this rank.
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.loader.batches_per_epoch()
+    }
+
+    /// Hash of the configuration, recorded in checkpoints.
+    pub fn config_hash(&self) -> &str {
+        &self.config_hash
+    }
+
+    /// Learning rate of the next step.
+    pub fn learning_rate(&self) -> f64 {
+        self.schedule.at(self.step)
+    }
+
+    /// Computes the loss and flat gradient of the next batch (available through [`Trainer::grads`])
+    /// without changing the parameters.
+    pub fn compute_gradient(&mut self) -> Result<(BatchStats, DataCursor), TrainError> {
+        let at = self.loader.next_batch(&mut self.x, &mut self.y)?;
+        let parts = self.store.parts();
+        let batch = Batch { features: &self.x, labels: &self.y };
+        let stats = self.model.forward_backward(parts.params, parts.state, parts.grads, batch)?;
+        if !stats.loss.is_finite() {
+            return Err(TrainError::Diverged { step: self.step, loss: stats.loss });
+        }
+        Ok((stats, at))
+    }
+
+    /// One training step: gradient of the next batch, then `update` turns it into new parameters.
+    pub fn step(&mut self, update: &mut dyn GradientStep) -> Result<StepReport, TrainError> {
+        let (batch, at) = self.compute_gradient()?;
+        let lr = self.schedule.at(self.step);
+        let parts = self.store.parts();
+        update.apply(self.step, lr, parts.params, parts.grads)?;
+        if !parts.state.is_empty() {
+            update.sync_state(parts.state)?;
+        }
+        self.step += 1;
+        Ok(StepReport { step: self.step, epoch: at.epoch, lr, batch })
+    }
+
+    /// Continues a fresh trainer at step `step` with the parameters it holds (e.g. a restarted
+    /// worker group that pulled the PS weights): the learning-rate schedule and the data stream
+    /// continue where an uninterrupted run would be at `step`. The optimizer state is the caller's.
+    pub fn skip_to(&mut self, step: u64) -> Result<(), TrainError> {
+        let per_epoch = self.loader.batches_per_epoch().max(1);
+        self.loader.seek(DataCursor { epoch: step / per_epoch, batch: step % per_epoch })?;
+        self.step = step;
+        Ok(())
+    }
+
+    /// Loss and accuracy on the test set.
+    pub fn evaluate(&mut self) -> Result<Evaluation, TrainError> {
+        let d = self.test.shape.features();
+        let (mut loss, mut correct) = (0.0f64, 0usize);
+        const CHUNK: usize = 500;
+        for start in (0..self.test.len()).step_by(CHUNK) {
+            let end = (start + CHUNK).min(self.test.len());
+            let batch = Batch {
+                features: &self.test.features[start * d..end * d],
+                labels: &self.test.labels[start..end],
+            };
+            let s = self.model.evaluate(self.store.params(), self.store.state(), batch)?;
+            loss += s.loss as f64 * s.samples as f64;
+            correct += s.correct;
+        }
+        let n = self.test.len().max(1) as f64;
+        Ok(Evaluation { loss: loss / n, accuracy: correct as f64 / n })
+    }
+
+    /// A checkpoint of the full training state: the parameters under their names, the
+    /// non-trainable state under `state.<name>`.
+    pub fn checkpoint(&self, update: &dyn GradientStep) -> Result<Checkpoint, TrainError> {
+        let named = |layout: &FlatLayout, buf: &[f32], prefix: &str| -> Vec<NamedTensor> {
+            (layout.entries().iter().enumerate())
+                .map(|(i, e)| NamedTensor {
+                    name: format!("{prefix}{}", e.name),
+                    shape: e.shape.clone(),
+                    values: layout.slice(buf, i).to_vec(),
+                })
+                .collect()
+        };
+        let mut tensors = named(self.store.layout(), self.store.params(), "");
+        tensors.extend(named(self.store.state_layout(), self.store.state(), STATE_PREFIX));
+        let meta = CheckpointMeta {
+            format: checkpoint::FORMAT_VERSION,
+            kind: WORKER_CHECKPOINT.to_owned(),
+            step: self.step,
+            epoch: self.loader.cursor().epoch,
+            config_hash: self.config_hash.clone(),
+            rng: None,
+            cursor: Some(self.loader.cursor()),
+            optimizer: update.optimizer_state(),
+            range: None,
+            extra: serde_json::json!({ "layout": self.model.layout() }),
+            tensors: vec![],
+        };
+        Ok(Checkpoint::new(meta, tensors)?)
+    }
+
+    /// Writes [`Trainer::checkpoint`] atomically to `path`.
+    pub fn save(&self, update: &dyn GradientStep, path: &Path) -> Result<(), TrainError> {
+        Ok(self.checkpoint(update)?.write_atomic(path)?)
+    }
+
+    /// Restores the state from the checkpoint at `path`, refusing one of another job.
+    pub fn resume(&mut self, update: &mut dyn GradientStep, path: &Path) -> Result<(), TrainError> {
+        self.restore(update, path, &Checkpoint::read(path)?)
+    }
+
+    /// Restores the state from `ckpt`, read from `path`, refusing one of another job.
+    pub fn restore(
+        &mut self,
+        update: &mut dyn GradientStep,
+        path: &Path,
+        ckpt: &Checkpoint,
+    ) -> Result<(), TrainError> {
+        ckpt.expect(path, WORKER_CHECKPOINT, &self.config_hash)?;
+        let mismatch = |reason: String| CheckpointError::Mismatch { path: path.to_owned(), reason };
+        let read = |layout: &FlatLayout, prefix: &str| -> Result<Vec<f32>, CheckpointError> {
+            let mut buf = vec![0.0; layout.len()];
+            for e in layout.entries() {
+                let name = format!("{prefix}{}", e.name);
+                let t = ckpt.tensor(&name).ok_or_else(|| mismatch(format!("no tensor {name}")))?;
+                if t.shape != e.shape {
+                    return Err(mismatch(format!(
+                        "tensor {name} has shape {:?}, the model {:?}",
+                        t.shape, e.shape
+                    )));
+                }
+                buf[e.offset..e.offset + e.len].copy_from_slice(&t.values);
+            }
+            Ok(buf)
+        };
+        let params = read(self.store.layout(), "")?;
+        let state = read(self.store.state_layout(), STATE_PREFIX)?;
+        let cursor = ckpt.meta.cursor.ok_or_else(|| mismatch("no data cursor".into()))?;
+        if let Some(state) = ckpt.optimizer_state() {
+            update.restore_optimizer(&state)?;
+        }
+        self.loader.seek(cursor)?;
+        self.store.set(&params, &state)?;
+        self.step = ckpt.meta.step;
+        Ok(())
+    }
+
+    /// Trains to the last step, evaluating every `evalEverySteps`, checkpointing every
+    /// `checkpoint.everySteps` into `opts.checkpoint_dir`, and reporting through `on_event`.
+    pub fn run(
+        &mut self,
+        update: &mut dyn GradientStep,
+        opts: &RunOptions,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Evaluation, TrainError> {
+        let started = Instant::now();
+        let mut train_time = 0.0f64;
+        let first_step = self.step;
+        on_event(&Event::Started {
+            parameters: self.model.layout().len(),
+            total_steps: self.total_steps,
+            steps_per_epoch: self.steps_per_epoch(),
+            step: self.step,
+            device: self.model.device().to_string(),
+        });
+        let log_every =
+            if opts.log_every > 0 { opts.log_every } else { (self.total_steps / 100).clamp(1, 50) };
+        let (mut loss_sum, mut correct, mut seen, mut window) = (0.0f64, 0usize, 0usize, 0u64);
+        while self.step < self.total_steps {
+            let t0 = Instant::now();
+            let r = self.step(update)?;
+            train_time += t0.elapsed().as_secs_f64();
+            loss_sum += r.batch.loss as f64;
+            correct += r.batch.correct;
+            seen += r.batch.samples;
+            window += 1;
+            if r.step % log_every == 0 || r.step == self.total_steps {
+                on_event(&Event::Train {
+                    step: r.step,
+                    epoch: r.epoch,
+                    loss: loss_sum / window as f64,
+                    accuracy: correct as f64 / seen.max(1) as f64,
+                    lr: r.lr,
+                });
+                (loss_sum, correct, seen, window) = (0.0, 0, 0, 0);
+            }
+            if self.eval_every > 0 && r.step % self.eval_every == 0 && r.step < self.total_steps {
+                let e = self.evaluate()?;
+                on_event(&Event::Eval { step: r.step, test_loss: e.loss, test_accuracy: e.accuracy });
+            }
+            if let Some(dir) = &opts.checkpoint_dir
+                && self.checkpoint_every > 0
+                && (r.step % self.checkpoint_every == 0 || r.step == self.total_steps)
+            {
+                let path = checkpoint::step_path(dir, r.step);
+                self.save(update, &path)?;
+                if opts.keep_checkpoints > 0 {
+                    checkpoint::prune(dir, opts.keep_checkpoints)?;
+                }
+                on_event(&Event::Checkpoint { step: r.step, path: path.display().to_string() });
+            }
+        }
+        let e = self.evaluate()?;
+        on_event(&Event::Eval { step: self.step, test_loss: e.loss, test_accuracy: e.accuracy });
+        let samples = (self.step - first_step) as f64 * self.batch_size as f64;
+        on_event(&Event::Finished {
+            test_accuracy: e.accuracy,
+            test_loss: e.loss,
+            steps: self.step,
+            samples_per_second: if train_time > 0.0 { samples / train_time } else { 0.0 },
+            wall_seconds: started.elapsed().as_secs_f64(),
+        });
+        Ok(e)
+    }
+}

@@ -1,0 +1,864 @@
+//! One parameter-server shard as a protocol state machine: frames in, frames out, no I/O.
+//!
+//! The driver ([`super`]) feeds it [`ShardState::connect`], [`ShardState::handle`] and
+//! [`ShardState::disconnect`] events per connection (a *session*) and carries out the returned
+//! [`Output`]s; tests feed it the same events from a simulated network.
+//!
+//! Expected flow: see [`crate::ps`]. The driver announces each connection with a fresh nonce,
+//! which the shard sends as a challenge; every session must then start with a hello that proves
+//! the job token over it ([`crate::ps::wire::hello_proof`]); anything else, or a wrong proof, is
+//! refused and the session closed.
+//!
+//! Guarantees, per [`PsMode`]:
+//! - A group's *contribution* for a step is complete when its ranks' pushes cover this shard's
+//!   whole range exactly once; overlapping pushes in one step are refused, so a gradient is never
+//!   counted twice. The group's *clock* on the shard counts its complete contributions.
+//! - `Sync`: the shard applies one update per step, with the mean of the contributions of every
+//!   member group, once all have contributed. A member's pull waits until that update is applied.
+//!   A group that joins takes part from the open step on; one that leaves (or whose last
+//!   connection closes) is no longer waited for and its unfinished contribution is dropped.
+//! - `Async`: each complete contribution is applied at once. With staleness `s`, a member's pull
+//!   waits while its clock is more than `s` ahead of the slowest member's (SSP).
+//! - `Elastic`: each push is added to the centre at once (`centre += e`, commutative).
+//! - In sync and async modes a member's pull of a range that its group has partly pushed in the
+//!   open step waits until the group's contribution is complete and applied (read-my-writes), so
+//!   a rank that pushed its range and pulls it back sees its own gradient in the result.
+//! - A hello with a higher attempt number for a group replaces the earlier attempt: its sessions
+//!   are closed and its unfinished contribution dropped.
+//!
+//! Caveats: waiting pulls have no timeout here; clients time out, and a group that disappears is
+//! detected by its connections closing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+
+use serde::Serialize;
+use tandem_api::job::OptimizerSpec;
+
+use crate::compute::optim::OptimizerState;
+use crate::util::token;
+
+use super::optim::ShardOptimizer;
+use crate::ps::shard;
+use crate::ps::wire::{ErrorCode, Frame, NONCE_LEN, Peer, Progress, WireError, hello_proof};
+use tandem_api::PsMode;
+
+/// Identifies one connection for the lifetime of a server.
+pub type SessionId = u64;
+
+/// What a shard is and how it updates.
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    /// This shard's index.
+    pub index: u32,
+    /// Number of shards in the job.
+    pub replicas: u32,
+    /// Consistency mode.
+    pub mode: PsMode,
+    /// The job token every session must present.
+    pub token: String,
+    /// Ask for a checkpoint every this many updates (0: never).
+    pub checkpoint_every: u64,
+    /// The update rule for sync and async modes; its learning-rate schedule spans the run's step
+    /// count, which the first worker's hello gives.
+    pub optimizer: OptimizerSpec,
+}
+
+/// Something the driver must do.
+#[derive(Debug, PartialEq)]
+pub enum Output {
+    /// Send `frame` to `session`.
+    Send(SessionId, Frame),
+    /// Close `session` after sending what was queued for it.
+    Close(SessionId),
+    /// An update count multiple of `checkpoint_every` was reached: write [`ShardState::snapshot`].
+    Checkpoint,
+}
+
+/// The durable part of a shard: what a checkpoint holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// Shard index.
+    pub index: u32,
+    /// Number of shards.
+    pub replicas: u32,
+    /// Length of the whole vector.
+    pub total_len: u64,
+    /// Steps of the run the schedule spans (0 when unknown: it comes with the next worker hello).
+    pub total_steps: u64,
+    /// Updates applied.
+    pub version: u64,
+    /// The shard's weights (or EASGD centre).
+    pub values: Vec<f32>,
+    /// Optimizer state (momentum, Adam moments, update count).
+    pub optimizer: OptimizerState,
+    /// The latest progress each group reported, by group index: a group restarted together with
+    /// the PS continues its step count from it (async, bounded-staleness and elastic modes).
+    pub groups: Vec<(u32, Progress)>,
+}
+
+/// A snapshot that does not fit this shard.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RestoreError {
+    /// Written by another shard or a job with another number of shards.
+    #[error(
+        "checkpoint belongs to shard {found_index} of {found_replicas}, this is shard {index} of {replicas}; point each PS replica at its own checkpoint folder"
+    )]
+    WrongShard {
+        /// Index in the file.
+        found_index: u32,
+        /// Replicas in the file.
+        found_replicas: u32,
+        /// This shard's index.
+        index: u32,
+        /// This job's replicas.
+        replicas: u32,
+    },
+    /// The value count does not match the shard's range.
+    #[error(
+        "checkpoint holds {found} values but shard {index} of a {total_len}-value vector holds {expected}"
+    )]
+    WrongLength {
+        /// Values in the file.
+        found: usize,
+        /// Values expected.
+        expected: u64,
+        /// Shard index.
+        index: u32,
+        /// Vector length.
+        total_len: u64,
+    },
+    /// The optimizer state does not fit.
+    #[error("checkpoint optimizer state does not fit: {0}")]
+    Optimizer(String),
+}
+
+/// Disjoint sorted ranges (relative to the shard start) and their total length.
+#[derive(Clone, Debug, Default)]
+struct Coverage {
+    parts: Vec<Range<u64>>,
+    covered: u64,
+}
+
+impl Coverage {
+    fn overlaps(&self, r: &Range<u64>) -> bool {
+        self.parts.iter().any(|p| p.start < r.end && r.start < p.end)
+    }
+
+    /// Adds `r`, merging with what it touches or overlaps.
+    fn insert(&mut self, r: Range<u64>) {
+        let mut merged = r;
+        let mut rest = Vec::with_capacity(self.parts.len() + 1);
+        for p in self.parts.drain(..) {
+            if p.end < merged.start || merged.end < p.start {
+                rest.push(p);
+            } else {
+                merged = merged.start.min(p.start)..merged.end.max(p.end);
+            }
+        }
+        rest.push(merged);
+        rest.sort_by_key(|p| p.start);
+        self.covered = rest.iter().map(|p| p.end - p.start).sum();
+        self.parts = rest;
+    }
+
+    fn clear(&mut self) {
+        self.parts.clear();
+        self.covered = 0;
+    }
+}
+
+struct Weights {
+    total_len: u64,
+    /// Steps of the run, from the workers' hellos (0 while unknown).
+    total_steps: u64,
+    range: Range<u64>,
+    values: Vec<f32>,
+    /// What initial weights have arrived, while the shard is not ready.
+    init: Option<Coverage>,
+}
+
+impl Weights {
+    fn len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+    fn ready(&self) -> bool {
+        self.init.is_none()
+    }
+}
+
+struct Group {
+    attempt: u32,
+    sessions: BTreeSet<SessionId>,
+    member: bool,
+    clock: u64,
+    pending: Coverage,
+    /// This step's gradient, as pushed so far (sync and async modes).
+    grad: Vec<f32>,
+    progress: Option<Progress>,
+}
+
+impl Group {
+    fn new(attempt: u32) -> Self {
+        Self {
+            attempt,
+            sessions: BTreeSet::new(),
+            member: false,
+            clock: 0,
+            pending: Coverage::default(),
+            grad: Vec::new(),
+            progress: None,
+        }
+    }
+}
+
+struct Session {
+    peer: Option<Peer>,
+    /// The challenge sent on connect.
+    nonce: [u8; NONCE_LEN],
+}
+
+struct Waiting {
+    session: SessionId,
+    offset: u64,
+    len: u64,
+}
+
+/// What the status frame reports about one group.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupStatus {
+    /// Group index.
+    pub group: u32,
+    /// Launch attempt.
+    pub attempt: u32,
+    /// Whether the group is a member (waited for and counted).
+    pub member: bool,
+    /// Complete contributions to this shard.
+    pub clock: u64,
+    /// Open connections of the group to this shard.
+    pub connections: usize,
+    /// Latest progress the group reported, with the latest accuracy and loss it ever reported
+    /// (light reports carry none).
+    pub progress: Option<Progress>,
+}
+
+/// The status frame's JSON body.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardStatus {
+    /// Shard index.
+    pub shard: u32,
+    /// Number of shards.
+    pub replicas: u32,
+    /// Consistency mode.
+    pub mode: PsMode,
+    /// Updates applied.
+    pub version: u64,
+    /// Whether the shard holds its initial weights.
+    pub ready: bool,
+    /// Length of the whole vector (0 while unknown).
+    pub total_len: u64,
+    /// Global range held.
+    pub range: Range<u64>,
+    /// Groups seen, by index.
+    pub groups: Vec<GroupStatus>,
+    /// The most advanced progress any group reported.
+    pub progress: Option<Progress>,
+    /// Frames refused since start (bad token, malformed, out of order…).
+    pub refused: u64,
+    /// Pulls waiting for their mode's condition.
+    pub waiting_pulls: usize,
+}
+
+/// One shard's protocol state. See the module documentation for its guarantees.
+pub struct ShardState {
+    config: ShardConfig,
+    weights: Option<Weights>,
+    optimizer: Option<ShardOptimizer>,
+    version: u64,
+    groups: BTreeMap<u32, Group>,
+    sessions: HashMap<SessionId, Session>,
+    waiting: Vec<Waiting>,
+    max_clock: u64,
+    refused: u64,
+}
+
+impl ShardState {
+    /// A shard with no weights yet: the first worker's hello sizes it and `init` frames fill it.
+    pub fn new(config: ShardConfig) -> Self {
+        Self {
+            config,
+            weights: None,
+            optimizer: None,
+            version: 0,
+            groups: BTreeMap::new(),
+            sessions: HashMap::new(),
+            waiting: Vec::new(),
+            max_clock: 0,
+            refused: 0,
+        }
+    }
+
+    /// A shard resumed from a checkpoint: ready, at the snapshot's version.
+    pub fn restore(config: ShardConfig, snapshot: Snapshot) -> Result<Self, RestoreError> {
+        if snapshot.index != config.index || snapshot.replicas != config.replicas {
+            return Err(RestoreError::WrongShard {
+                found_index: snapshot.index,
+                found_replicas: snapshot.replicas,
+                index: config.index,
+                replicas: config.replicas,
+            });
+        }
+        let range = shard::range_of(snapshot.total_len, config.replicas, config.index).unwrap_or(0..0);
+        let expected = range.end - range.start;
+        if snapshot.values.len() as u64 != expected {
+            return Err(RestoreError::WrongLength {
+                found: snapshot.values.len(),
+                expected,
+                index: config.index,
+                total_len: snapshot.total_len,
+            });
+        }
+        let mut optimizer =
+            ShardOptimizer::new(&config.optimizer, snapshot.values.len(), snapshot.total_steps);
+        optimizer.restore(&snapshot.optimizer).map_err(RestoreError::Optimizer)?;
+        let mut state = Self::new(config);
+        state.version = snapshot.version;
+        state.max_clock = snapshot.version;
+        state.weights = Some(Weights {
+            total_len: snapshot.total_len,
+            total_steps: snapshot.total_steps,
+            range,
+            values: snapshot.values,
+            init: None,
+        });
+        state.optimizer = Some(optimizer);
+        for (group, progress) in snapshot.groups {
+            // Not a member until it joins again; attempt 0 refuses no relaunched attempt.
+            state.groups.entry(group).or_insert_with(|| Group::new(0)).progress = Some(progress);
+        }
+        Ok(state)
+    }
+
+    /// The durable state, or `None` before the shard holds its initial weights.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let w = self.weights.as_ref().filter(|w| w.ready())?;
+        let optimizer = self.optimizer.as_ref()?.state();
+        Some(Snapshot {
+            index: self.config.index,
+            replicas: self.config.replicas,
+            total_len: w.total_len,
+            total_steps: w.total_steps,
+            version: self.version,
+            values: w.values.clone(),
+            optimizer,
+            groups: self.groups.iter().filter_map(|(&i, g)| Some((i, g.progress?))).collect(),
+        })
+    }
+
+    /// Updates applied so far.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Who `session` said it is in its hello, if it has said hello.
+    pub fn peer(&self, session: SessionId) -> Option<Peer> {
+        self.sessions.get(&session).and_then(|s| s.peer)
+    }
+
+    /// The shard's configuration.
+    pub fn config(&self) -> &ShardConfig {
+        &self.config
+    }
+
+    /// The status frame's content.
+    pub fn status(&self) -> ShardStatus {
+        let groups: Vec<GroupStatus> = self
+            .groups
+            .iter()
+            .map(|(&group, g)| GroupStatus {
+                group,
+                attempt: g.attempt,
+                member: g.member,
+                clock: g.clock,
+                connections: g.sessions.len(),
+                progress: g.progress,
+            })
+            .collect();
+        let progress = groups.iter().filter_map(|g| g.progress).max_by_key(|p| p.step);
+        let (total_len, range, ready) = match &self.weights {
+            Some(w) => (w.total_len, w.range.clone(), w.ready()),
+            None => (0, 0..0, false),
+        };
+        ShardStatus {
+            shard: self.config.index,
+            replicas: self.config.replicas,
+            mode: self.config.mode,
+            version: self.version,
+            ready,
+            total_len,
+            range,
+            groups,
+            progress,
+            refused: self.refused,
+            waiting_pulls: self.waiting.len(),
+        }
+    }
+
+    /// A new connection, challenged with `nonce` (fresh random bytes from the driver): the
+    /// session's hello must carry [`crate::ps::wire::hello_proof`] over it.
+    pub fn connect(&mut self, session: SessionId, nonce: [u8; NONCE_LEN]) -> Vec<Output> {
+        self.sessions.insert(session, Session { peer: None, nonce });
+        vec![Output::Send(session, Frame::Challenge { nonce })]
+    }
+
+    /// A connection closed (or was closed). A group whose last connection closes leaves.
+    pub fn disconnect(&mut self, session: SessionId) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.waiting.retain(|w| w.session != session);
+        let Some(s) = self.sessions.remove(&session) else { return out };
+        if let Some(Peer::Worker { group, .. }) = s.peer
+            && let Some(g) = self.groups.get_mut(&group)
+            && g.sessions.remove(&session)
+            && g.sessions.is_empty()
+            && g.member
+        {
+            tracing::info!(
+                shard = self.config.index,
+                group,
+                "last connection of the group closed; it leaves"
+            );
+            self.leave(group);
+            self.progress(&mut out);
+        }
+        out
+    }
+
+    /// Refuses bytes that did not decode; the driver closes the session when the error is fatal.
+    pub fn refuse_wire(&mut self, session: SessionId, error: &WireError) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.refuse(&mut out, session, error.code(), error.to_string());
+        if error.is_fatal() {
+            out.push(Output::Close(session));
+        }
+        out
+    }
+
+    /// Handles one frame from `session`.
+    pub fn handle(&mut self, session: SessionId, frame: Frame) -> Vec<Output> {
+        let mut out = Vec::new();
+        let Some(&Session { peer, nonce }) = self.sessions.get(&session) else {
+            // A frame for a session the driver never announced, so never challenged.
+            let msg = format!("{} on a connection that was never challenged", frame.name());
+            self.refuse(&mut out, session, ErrorCode::Protocol, msg);
+            out.push(Output::Close(session));
+            return out;
+        };
+        match (peer, frame) {
+            (None, Frame::Hello { proof, peer, total_len, total_steps }) => {
+                let want = hello_proof(self.config.token.as_bytes(), &nonce, peer, total_len, total_steps);
+                let proven = token::same_bytes(&proof, &want);
+                self.hello(&mut out, session, proven, peer, total_len, total_steps)
+            }
+            (None, other) => {
+                let msg = format!(
+                    "{} before hello: every connection must first answer the challenge with a hello that proves the job token",
+                    other.name()
+                );
+                self.refuse(&mut out, session, ErrorCode::Unauthenticated, msg);
+                out.push(Output::Close(session));
+            }
+            (Some(_), Frame::Hello { .. }) => {
+                self.refuse(&mut out, session, ErrorCode::Protocol, "second hello on one connection".into())
+            }
+            (Some(_), Frame::StatusRequest) => {
+                let json = serde_json::to_string(&self.status())
+                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+                out.push(Output::Send(session, Frame::Status(json)));
+            }
+            (Some(_), Frame::Pull { offset, len }) => self.pull(&mut out, session, offset, len),
+            (Some(Peer::Observer), other) => {
+                let msg = format!("observers may only pull and ask for status, not {}", other.name());
+                self.refuse(&mut out, session, ErrorCode::Protocol, msg);
+            }
+            (Some(Peer::Worker { group, .. }), frame) => match frame {
+                Frame::Init { offset, values } => self.init(&mut out, session, group, offset, values),
+                Frame::Join => self.join(&mut out, session, group),
+                Frame::Leave => {
+                    if self.groups.get(&group).is_some_and(|g| g.member) {
+                        tracing::info!(shard = self.config.index, group, "group leaves");
+                        self.leave(group);
+                    }
+                    out.push(Output::Send(session, Frame::Left));
+                }
+                Frame::Push { offset, values } => self.push(&mut out, session, group, offset, values),
+                Frame::Report(mut p) => {
+                    let clock = self.groups.get_mut(&group).map_or(0, |g| {
+                        // Light reports carry no evaluation: the latest accuracy (and loss) stays.
+                        if let Some(prev) = g.progress {
+                            p.accuracy = p.accuracy.or(prev.accuracy);
+                            p.loss = p.loss.or(prev.loss);
+                        }
+                        g.progress = Some(p);
+                        g.clock
+                    });
+                    out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
+                }
+                other => {
+                    let msg = format!("{} is a server frame; clients may not send it", other.name());
+                    self.refuse(&mut out, session, ErrorCode::UnknownFrame, msg);
+                }
+            },
+        }
+        self.progress(&mut out);
+        out
+    }
+
+    fn refuse(&mut self, out: &mut Vec<Output>, session: SessionId, code: ErrorCode, message: String) {
+        self.refused += 1;
+        tracing::warn!(shard = self.config.index, session, ?code, %message, "frame refused");
+        out.push(Output::Send(session, Frame::Error { code, message }));
+    }
+
+    fn hello(
+        &mut self,
+        out: &mut Vec<Output>,
+        session: SessionId,
+        proven: bool,
+        peer: Peer,
+        total_len: u64,
+        total_steps: u64,
+    ) {
+        if !proven {
+            let msg = "wrong job token: the hello's proof does not match this job's token; workers and \
+                       parameter servers must read the same token file (TANDEM_TOKEN_FILE)"
+                .into();
+            self.refuse(out, session, ErrorCode::Unauthenticated, msg);
+            out.push(Output::Close(session));
+            return;
+        }
+        if matches!(peer, Peer::Worker { .. }) && (total_len == 0 || total_steps == 0) {
+            let msg =
+                "a worker's hello must give the length of the flat parameter vector and the run's step count"
+                    .into();
+            self.refuse(out, session, ErrorCode::Mismatch, msg);
+            out.push(Output::Close(session));
+            return;
+        }
+        if matches!(peer, Peer::Worker { .. }) {
+            match &mut self.weights {
+                Some(w) if w.total_len != total_len => {
+                    let msg = format!(
+                        "this job's parameter servers hold a {}-value vector but the client trains {total_len} values; \
+                         the model changed: start a new job (or clear the PS checkpoints)",
+                        w.total_len
+                    );
+                    self.refuse(out, session, ErrorCode::Mismatch, msg);
+                    out.push(Output::Close(session));
+                    return;
+                }
+                Some(w) if w.total_steps != 0 && w.total_steps != total_steps => {
+                    let msg = format!(
+                        "this job's parameter servers run the learning-rate schedule over {} steps but the client's \
+                         run has {total_steps}; every worker and server must read the same job config and data",
+                        w.total_steps
+                    );
+                    self.refuse(out, session, ErrorCode::Mismatch, msg);
+                    out.push(Output::Close(session));
+                    return;
+                }
+                Some(w) => {
+                    if w.total_steps == 0 {
+                        // A checkpoint that did not record the run's length: the workers know it.
+                        w.total_steps = total_steps;
+                        if let Some(opt) = self.optimizer.as_mut() {
+                            opt.set_total_steps(total_steps);
+                        }
+                    }
+                }
+                None => self.size(total_len, total_steps),
+            }
+        }
+        if let Peer::Worker { group, attempt, .. } = peer {
+            let g = self.groups.entry(group).or_insert_with(|| Group::new(attempt));
+            if attempt < g.attempt {
+                let msg = format!("group {group} attempt {attempt} was replaced by attempt {}", g.attempt);
+                self.refuse(out, session, ErrorCode::Protocol, msg);
+                out.push(Output::Close(session));
+                return;
+            }
+            if attempt > g.attempt {
+                tracing::info!(
+                    shard = self.config.index,
+                    group,
+                    attempt,
+                    "group restarted; its earlier attempt is dropped"
+                );
+                let old: Vec<SessionId> = std::mem::take(&mut g.sessions).into_iter().collect();
+                g.attempt = attempt;
+                for s in old {
+                    self.sessions.remove(&s);
+                    self.waiting.retain(|w| w.session != s);
+                    out.push(Output::Close(s));
+                }
+                self.leave(group);
+            }
+            if let Some(g) = self.groups.get_mut(&group) {
+                g.sessions.insert(session);
+            }
+        }
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.peer = Some(peer);
+        }
+        let (start, end, total_len) = match &self.weights {
+            Some(w) => (w.range.start, w.range.end, w.total_len),
+            None => (0, 0, 0),
+        };
+        out.push(Output::Send(
+            session,
+            Frame::Welcome {
+                shard: self.config.index,
+                replicas: self.config.replicas,
+                start,
+                end,
+                total_len,
+                mode: self.config.mode,
+                version: self.version,
+            },
+        ));
+    }
+
+    fn size(&mut self, total_len: u64, total_steps: u64) {
+        let range = shard::range_of(total_len, self.config.replicas, self.config.index).unwrap_or(0..0);
+        let len = (range.end - range.start) as usize;
+        let init = (len > 0).then(Coverage::default);
+        self.optimizer = Some(ShardOptimizer::new(&self.config.optimizer, len, total_steps));
+        self.weights = Some(Weights { total_len, total_steps, range, values: vec![0.0; len], init });
+    }
+
+    /// Checks that `offset..offset+len` lies in this shard and returns it relative to the shard.
+    fn local(&self, offset: u64, len: u64) -> Result<Range<u64>, String> {
+        let Some(w) = &self.weights else {
+            return Err("the shard does not know the vector length yet".into());
+        };
+        let end = offset.checked_add(len).ok_or("range overflows")?;
+        if len == 0 || offset < w.range.start || end > w.range.end {
+            return Err(format!(
+                "range {offset}..{end} is not inside shard {}'s range {}..{} (or is empty); split requests with ps::shard::ranges",
+                self.config.index, w.range.start, w.range.end
+            ));
+        }
+        Ok(offset - w.range.start..end - w.range.start)
+    }
+
+    fn init(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, offset: u64, values: Vec<f32>) {
+        let local = match self.local(offset, values.len() as u64) {
+            Ok(r) => r,
+            Err(msg) => return self.refuse(out, session, ErrorCode::BadRange, msg),
+        };
+        if let Some(w) = &mut self.weights
+            && let Some(cov) = &mut w.init
+        {
+            w.values[local.start as usize..local.end as usize].copy_from_slice(&values);
+            cov.insert(local);
+            if cov.covered == w.len() {
+                w.init = None;
+                tracing::info!(shard = self.config.index, group, "shard initialised");
+            }
+        }
+        let clock = self.groups.get(&group).map_or(0, |g| g.clock);
+        out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
+    }
+
+    fn join(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32) {
+        let min_other = self.min_member_clock(Some(group));
+        let clock = match self.config.mode {
+            PsMode::Sync => self.version,
+            PsMode::Async { .. } | PsMode::Elastic { .. } => min_other.unwrap_or(self.max_clock),
+        };
+        let version = self.version;
+        let Some(g) = self.groups.get_mut(&group) else { return };
+        if !g.member {
+            g.member = true;
+            g.clock = clock;
+            g.pending.clear();
+            tracing::info!(shard = self.config.index, group, clock, "group joins");
+        }
+        let clock = g.clock;
+        out.push(Output::Send(session, Frame::Joined { clock, version }));
+    }
+
+    fn leave(&mut self, group: u32) {
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.member = false;
+            g.pending.clear();
+        }
+    }
+
+    fn min_member_clock(&self, except: Option<u32>) -> Option<u64> {
+        self.groups.iter().filter(|(i, g)| g.member && Some(**i) != except).map(|(_, g)| g.clock).min()
+    }
+
+    fn push(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, offset: u64, values: Vec<f32>) {
+        let mode = self.config.mode;
+        let local = match self.local(offset, values.len() as u64) {
+            Ok(r) => r,
+            Err(msg) => return self.refuse(out, session, ErrorCode::BadRange, msg),
+        };
+        let version = self.version;
+        let (Some(w), Some(g)) = (self.weights.as_mut(), self.groups.get_mut(&group)) else {
+            return self.refuse(
+                out,
+                session,
+                ErrorCode::Protocol,
+                "push before hello sized the shard".into(),
+            );
+        };
+        if !w.ready() {
+            let msg = "push before the shard holds its initial weights: init every range first".into();
+            return self.refuse(out, session, ErrorCode::Protocol, msg);
+        }
+        if !g.member {
+            let msg = format!("group {group} pushed without joining: send join first");
+            return self.refuse(out, session, ErrorCode::Protocol, msg);
+        }
+        if mode == PsMode::Sync && g.clock > version {
+            let msg =
+                format!("group {group} already contributed to step {version}; pull to wait for it to finish");
+            return self.refuse(out, session, ErrorCode::Protocol, msg);
+        }
+        if g.pending.overlaps(&local) {
+            let msg = format!(
+                "group {group} already pushed part of {offset}..{} in this step; each rank pushes its own range once per step",
+                offset + values.len() as u64
+            );
+            return self.refuse(out, session, ErrorCode::Protocol, msg);
+        }
+        let len = w.len();
+        let (a, b) = (local.start as usize, local.end as usize);
+        match mode {
+            PsMode::Elastic { .. } => {
+                for (c, e) in w.values[a..b].iter_mut().zip(&values) {
+                    *c += *e;
+                }
+            }
+            PsMode::Sync | PsMode::Async { .. } => {
+                if g.grad.len() != len as usize {
+                    g.grad = vec![0.0; len as usize];
+                }
+                g.grad[a..b].copy_from_slice(&values);
+            }
+        }
+        g.pending.insert(local);
+        if g.pending.covered == len {
+            g.clock += 1;
+            match mode {
+                PsMode::Sync => {}
+                PsMode::Async { .. } => {
+                    if let Some(opt) = self.optimizer.as_mut() {
+                        opt.step(&mut w.values, &g.grad, g.clock - 1);
+                    }
+                    g.pending.clear();
+                    self.version += 1;
+                    self.after_update(out);
+                }
+                PsMode::Elastic { .. } => {
+                    g.pending.clear();
+                    self.version += 1;
+                    self.after_update(out);
+                }
+            }
+        }
+        let clock = self.groups.get(&group).map_or(0, |g| g.clock);
+        self.max_clock = self.max_clock.max(clock);
+        out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
+    }
+
+    fn after_update(&mut self, out: &mut Vec<Output>) {
+        let every = self.config.checkpoint_every;
+        if every > 0 && self.version.is_multiple_of(every) {
+            out.push(Output::Checkpoint);
+        }
+    }
+
+    /// Applies the open sync step if every member has contributed.
+    fn try_complete_round(&mut self, out: &mut Vec<Output>) {
+        if self.config.mode != PsMode::Sync {
+            return;
+        }
+        let version = self.version;
+        let members: Vec<u32> = self.groups.iter().filter(|(_, g)| g.member).map(|(i, _)| *i).collect();
+        if members.is_empty()
+            || !members.iter().all(|i| self.groups.get(i).is_some_and(|g| g.clock > version))
+        {
+            return;
+        }
+        let Some(w) = self.weights.as_mut() else { return };
+        let mut mean = vec![0.0f32; w.values.len()];
+        for i in &members {
+            if let Some(g) = self.groups.get(i) {
+                for (m, x) in mean.iter_mut().zip(&g.grad) {
+                    *m += *x;
+                }
+            }
+        }
+        let scale = 1.0 / members.len() as f32;
+        mean.iter_mut().for_each(|m| *m *= scale);
+        if let Some(opt) = self.optimizer.as_mut() {
+            opt.step(&mut w.values, &mean, version);
+        }
+        for i in &members {
+            if let Some(g) = self.groups.get_mut(i) {
+                g.pending.clear();
+            }
+        }
+        self.version += 1;
+        self.after_update(out);
+    }
+
+    fn pull(&mut self, out: &mut Vec<Output>, session: SessionId, offset: u64, len: u64) {
+        if let Err(msg) = self.local(offset, len) {
+            return self.refuse(out, session, ErrorCode::BadRange, msg);
+        }
+        self.waiting.push(Waiting { session, offset, len });
+    }
+
+    /// Whether `session` may read now, by its mode's rule.
+    fn may_read(&self, session: SessionId, offset: u64, len: u64) -> bool {
+        let Some(w) = self.weights.as_ref().filter(|w| w.ready()) else { return false };
+        let local = offset - w.range.start..offset - w.range.start + len;
+        let Some(Peer::Worker { group, .. }) = self.sessions.get(&session).and_then(|s| s.peer) else {
+            return true;
+        };
+        let Some(g) = self.groups.get(&group).filter(|g| g.member) else { return true };
+        let partly_pushed = g.pending.covered < w.len() && g.pending.overlaps(&local);
+        match self.config.mode {
+            PsMode::Elastic { .. } => true,
+            PsMode::Sync => !partly_pushed && g.clock <= self.version,
+            PsMode::Async { staleness } => {
+                let min = self.min_member_clock(None).unwrap_or(g.clock);
+                !partly_pushed && staleness.is_none_or(|s| g.clock - min <= s)
+            }
+        }
+    }
+
+    /// Completes what can complete and answers the pulls that may now read.
+    fn progress(&mut self, out: &mut Vec<Output>) {
+        self.try_complete_round(out);
+        let waiting = std::mem::take(&mut self.waiting);
+        for w in waiting {
+            if self.may_read(w.session, w.offset, w.len) {
+                let values = self.weights.as_ref().map_or_else(Vec::new, |ws| {
+                    let a = (w.offset - ws.range.start) as usize;
+                    ws.values[a..a + w.len as usize].to_vec()
+                });
+                let frame = Frame::Weights { version: self.version, offset: w.offset, values };
+                out.push(Output::Send(w.session, frame));
+            } else {
+                self.waiting.push(w);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,173 @@
+//! How a worker group trains against the parameter servers: a [`GradientStep`] that combines the
+//! group's gradient with collectives and exchanges each rank's block with the PS shards.
+//!
+//! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
+//! join, pull the current weights, allgather them, so a group that joins late starts from the
+//! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
+//! [`crate::compute::train::Trainer::step`] with this step every iteration.
+//!
+//! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
+//! from its clock on joining (the shards' update count, which every member group has reached,
+//! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
+//! count one group's steps, from the furthest step the group reported before it failed (kept in
+//! PS checkpoints too, up to the checkpoint's version, so it survives a PS restart). Rank 0's value
+//! is broadcast, so every rank of the group agrees.
+//!
+//! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
+//! ([`crate::comm::block_range`]):
+//! - gradient modes (`ps-sync`, `ps-async`, `hybrid`): reduce-scatter (average) of the gradient;
+//!   rank `i` pushes block `i` and pulls it back (the PS runs the optimizer and the schedule);
+//!   allgather of the weights. No rank carries the whole model to the PS.
+//! - `easgd` (MPI-ESGD): allreduce (average) of the gradient and a local optimizer step on every
+//!   rank (identical, so the group stays in sync); every τ steps rank `i` pulls the centre's block
+//!   `i`, moves its block by `e = α·(x − centre)`, pushes `e` (the PS adds it to the centre), and
+//!   the group allgathers the weights.
+//!
+//! Guarantees: every rank of a group makes the same collective calls in the same order, so the
+//! group's weights are equal on all ranks after every step.
+
+use std::ops::Range;
+
+use tandem_api::OptimizerSpec;
+
+use crate::comm::{Communicator, ReduceOp, block_range};
+use crate::compute::optim::{Optimizer, OptimizerState};
+use crate::compute::train::{GradientStep, TrainError};
+use crate::ps::client::{ClientError, PsClient};
+use crate::ps::wire::Peer;
+use tandem_api::PsMode;
+
+/// A group rank's link to the PS, as a [`GradientStep`].
+pub struct PsStep<C: Communicator> {
+    comm: C,
+    client: PsClient,
+    block: Range<usize>,
+    start_step: u64,
+    mode: PsMode,
+    local: Option<Optimizer>,
+    scratch: Vec<f32>,
+}
+
+fn ps_err(e: ClientError) -> TrainError {
+    if e.is_peer_lost() { TrainError::PeerLost(e.to_string()) } else { TrainError::Step(e.to_string()) }
+}
+
+impl<C: Communicator> PsStep<C> {
+    /// Joins the PS with this rank's block of `params` as initial weights, then replaces `params`
+    /// with the PS's current weights (the same on every rank of the group afterwards). The mode is
+    /// the servers', which the client checked against the worker's own at hello; `optimizer` is
+    /// the local optimizer of the elastic mode.
+    pub fn start(
+        mut comm: C,
+        mut client: PsClient,
+        optimizer: &OptimizerSpec,
+        params: &mut [f32],
+    ) -> Result<Self, TrainError> {
+        let mode = client.mode();
+        let block = block_range(params.len(), comm.size(), comm.rank());
+        if !block.is_empty() {
+            client.init(block.start as u64, &params[block.clone()]).map_err(ps_err)?;
+        }
+        let clocks = client.join().map_err(ps_err)?;
+        let start_step = match client.peer() {
+            Peer::Worker { group, attempt, .. } if attempt > 0 => match client.mode() {
+                PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
+                PsMode::Async { .. } | PsMode::Elastic { .. } => {
+                    client.reported_step(group).map_err(ps_err)?.unwrap_or(0)
+                }
+            },
+            _ => 0,
+        };
+        // Steps travel as two exact f32 halves of 24 bits; rank 0's count is the group's.
+        let mut at = [(start_step >> 24) as f32, (start_step & 0xff_ffff) as f32];
+        comm.broadcast(&mut at, 0).map_err(super::collective)?;
+        let start_step = ((at[0] as u64) << 24) | at[1] as u64;
+        if !block.is_empty() {
+            client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
+        }
+        comm.allgather(params).map_err(super::collective)?;
+        let local = (!mode.pushes_gradients()).then(|| Optimizer::new(optimizer, params.len()));
+        Ok(Self { comm, client, block, start_step, mode, local, scratch: Vec::new() })
+    }
+
+    /// The step this group continues from: 0 on its first attempt, the PS's record of its
+    /// progress after a restart (see the module documentation).
+    pub fn start_step(&self) -> u64 {
+        self.start_step
+    }
+
+    /// The group's communicator (for collectives outside the step, e.g. averaging the loss).
+    pub fn comm(&mut self) -> &mut C {
+        &mut self.comm
+    }
+
+    /// The PS client (for progress reports and status).
+    pub fn client(&mut self) -> &mut PsClient {
+        &mut self.client
+    }
+
+    /// Leaves the PS membership (at a step boundary) and returns the communicator.
+    pub fn leave(mut self) -> Result<C, TrainError> {
+        self.client.leave().map_err(ps_err)?;
+        Ok(self.comm)
+    }
+}
+
+impl<C: Communicator> GradientStep for PsStep<C> {
+    fn apply(&mut self, step: u64, lr: f64, params: &mut [f32], grads: &mut [f32]) -> Result<(), TrainError> {
+        let b = self.block.clone();
+        match self.mode {
+            PsMode::Sync | PsMode::Async { .. } => {
+                let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
+                if got != b {
+                    return Err(TrainError::Step(format!(
+                        "reduce-scatter returned block {got:?}, expected {b:?}"
+                    )));
+                }
+                if !b.is_empty() {
+                    self.client.push(b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
+                    self.client.pull(b.start as u64, &mut params[b.clone()]).map_err(ps_err)?;
+                }
+                self.comm.allgather(params).map_err(super::collective)?;
+            }
+            PsMode::Elastic { alpha, tau } => {
+                let (alpha, tau) = (alpha as f32, tau.max(1));
+                self.comm.allreduce(grads, ReduceOp::Average).map_err(super::collective)?;
+                if let Some(opt) = self.local.as_mut() {
+                    opt.step(params, grads, lr)?;
+                }
+                if (step + 1).is_multiple_of(tau) {
+                    if !b.is_empty() {
+                        self.scratch.resize(b.len(), 0.0);
+                        self.client.pull(b.start as u64, &mut self.scratch).map_err(ps_err)?;
+                        for (c, x) in self.scratch.iter_mut().zip(&mut params[b.clone()]) {
+                            let e = alpha * (*x - *c);
+                            *x -= e;
+                            *c = e;
+                        }
+                        self.client.push(b.start as u64, &self.scratch).map_err(ps_err)?;
+                    }
+                    self.comm.allgather(params).map_err(super::collective)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn optimizer_state(&self) -> Option<OptimizerState> {
+        self.local.as_ref().map(Optimizer::state)
+    }
+
+    fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
+        // The group's ranks share it; the parameter servers do not hold it (see `worker::run`).
+        self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
+    }
+
+    fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {
+        match self.local.as_mut() {
+            Some(opt) => Ok(opt.restore(state)?),
+            // The PS owns the optimizer in gradient modes; a worker checkpoint carries none.
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! `tandem train` as a user runs it: JSON progress, the finished line, the curve, clear errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use crate::trainer_support;
+
+use std::process::Command;
+
+fn tandem() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    c.env("TANDEM_DATA_DIR", trainer_support::data_dir());
+    c
+}
+
+const JOB: &str = "apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: digits-cli}
+spec:
+  model: {kind: mlp, hidden: [32]}
+  data: {source: digits, batchSize: 32}
+  training:
+    algorithm: allreduce
+    optimizer: {kind: sgd, learningRate: 0.1, momentum: 0.9}
+    epochs: 3
+    evalEverySteps: 40
+    checkpoint: {everySteps: 50}
+  workers: {groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}
+";
+
+#[test]
+fn json_output_ends_with_finished_and_writes_the_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, JOB).unwrap();
+    let out_dir = dir.path().join("out");
+    let out = tandem()
+        .args(["train", "-f"])
+        .arg(&job)
+        .args(["--output", "json", "--output-dir"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect();
+    let last = lines.last().unwrap();
+    assert_eq!(last["event"], "finished");
+    for key in ["test_accuracy", "test_loss", "steps", "samples_per_second", "wall_seconds"] {
+        assert!(last[key].is_number(), "finished line lacks {key}: {last}");
+    }
+    assert_eq!(last["steps"], 3 * (1437 / 32));
+    assert!(last["test_accuracy"].as_f64().unwrap() > 0.9, "{last}");
+    assert!(lines.iter().any(|l| l["event"] == "eval"));
+    let curve = lines.iter().find(|l| l["event"] == "curve").expect("a curve event");
+    let svg = std::fs::read_to_string(curve["path"].as_str().unwrap()).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");
+    assert!(std::fs::read_to_string(out_dir.join("curve.csv")).unwrap().lines().count() > 3);
+    let ckpts = std::fs::read_dir(out_dir.join("checkpoints")).unwrap().count();
+    assert!((1..=3).contains(&ckpts), "{ckpts} checkpoints");
+
+    // --resume from the final checkpoint has nothing left to do and reports the same step count.
+    let again = tandem()
+        .args(["train", "-f"])
+        .arg(&job)
+        .args(["--output", "json", "--resume", "--output-dir"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "stderr: {}", String::from_utf8_lossy(&again.stderr));
+    let text = String::from_utf8(again.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["steps"], 3 * (1437 / 32));
+}
+
+#[test]
+fn bad_manifests_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, JOB.replace("epochs: 3", "epochs: 3\n    steps: 10")).unwrap();
+    let out = tandem().args(["train", "-f"]).arg(&job).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exactly one of training.steps and training.epochs"), "{err}");
+
+    std::fs::write(&job, "kind: TrainingJob\nspec: [1]\n").unwrap();
+    let out = tandem().args(["train", "-f"]).arg(&job).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid TrainingJob"));
+}

@@ -1,0 +1,228 @@
+//! `tandem train -f` on multi-process jobs, end to end: real `tandem ps` and `tandem worker`
+//! processes on loopback, started, supervised and stopped by the local runner.
+//!
+//! Needs the MNIST-5k sample in `data/` (`make data`). The jobs run one at a time: each one already
+//! keeps six processes busy.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Lines};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Stdio};
+
+use crate::runner_support::{
+    Run, example, manifest, one_job_at_a_time, processes_of, set, train, train_command,
+};
+use tandem_api::contract::JobConfig;
+
+/// A fresh folder (kept while the returned `TempDir` lives) holding the hybrid example with `edit`
+/// applied to its manifest; returns the folder, the job's output folder in it and the manifest.
+fn hybrid_job(edit: impl FnOnce(&mut serde_yaml::Value)) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let file = manifest(tmp.path(), "mnist-hybrid.yaml", edit);
+    (tmp, out, file)
+}
+
+/// Runs [`hybrid_job`] with `extra` arguments to its end; returns the folder, the output folder and
+/// the run.
+fn run_hybrid(
+    edit: impl FnOnce(&mut serde_yaml::Value),
+    extra: &[&str],
+) -> (tempfile::TempDir, PathBuf, Run) {
+    let (tmp, out, file) = hybrid_job(edit);
+    let run = train(&file, &out, extra);
+    (tmp, out, run)
+}
+
+/// Runs the hybrid example with a 1-second restart backoff under `--chaos <chaos>`.
+fn run_hybrid_under_chaos(chaos: &str) -> (tempfile::TempDir, PathBuf, Run) {
+    run_hybrid(|doc| set(doc, &["spec", "runPolicy", "backoffSeconds"], 1.into()), &["--chaos", chaos])
+}
+
+/// A job of the hybrid example set to 100,000 steps, started in the background and read until its
+/// workers train (their first progress line).
+struct EndlessJob {
+    child: Child,
+    out: PathBuf,
+    /// The rest of its stdout, kept open: the runner goes on writing progress lines.
+    _lines: Lines<BufReader<ChildStdout>>,
+    _tmp: tempfile::TempDir,
+}
+
+fn start_endless_job(stderr: Stdio) -> EndlessJob {
+    let (tmp, out, file) = hybrid_job(|doc| set(doc, &["spec", "training", "steps"], 100_000.into()));
+    let mut child = train_command(&file, &out).stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("\"progress\""))), "the job never reported progress");
+    EndlessJob { child, out, _lines: lines, _tmp: tmp }
+}
+
+#[test]
+fn mnist_hybrid_trains_to_the_target_through_the_launch_contract() {
+    let _one = one_job_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = train(&example("mnist-hybrid.yaml"), &out, &[]);
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let done = run.finished();
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    assert!(done["test_loss"].as_f64().unwrap().is_finite(), "{done}");
+    assert_eq!(done["steps"], 600);
+    assert_eq!(done["restarts"], 0);
+    assert!(done["samples_per_second"].as_f64().unwrap() > 0.0, "{done}");
+    assert_eq!(run.of("started")[0]["processes"], 6, "2 PS and 2 groups of 2 ranks");
+    assert!(!run.of("progress").is_empty(), "progress is merged from the workers");
+
+    // The same contract the operator writes: job.json with loopback endpoints, a private token.
+    let config = JobConfig::from_json(&std::fs::read_to_string(out.join("job.json")).unwrap()).unwrap();
+    assert_eq!(config.parameter_servers.len(), 2);
+    assert_eq!(config.groups.len(), 2);
+    assert!(
+        config.groups.iter().all(|g| g.peers.len() == 2 && g.peers.iter().all(|p| p.host == "127.0.0.1"))
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let token = std::fs::metadata(out.join("token")).unwrap();
+    assert_eq!(token.permissions().mode() & 0o077, 0, "only the owner reads the token");
+    assert!(token.len() >= 32);
+    for log in ["ps-0.0.log", "ps-1.0.log", "worker-0-0.0.log", "worker-1-1.0.log"] {
+        assert!(out.join("logs").join(log).exists(), "{log}");
+    }
+    assert!(processes_of(&out).is_empty(), "every child stopped with the job");
+}
+
+#[test]
+fn a_killed_worker_restarts_only_its_group_and_the_job_meets_the_target() {
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid_under_chaos("kill:worker:1:1@200");
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let chaos = run.of("chaos");
+    assert_eq!(chaos.len(), 1);
+    assert_eq!(chaos[0]["target"], "worker 1/1");
+    let restarts = run.of("restart");
+    assert_eq!(restarts.len(), 1, "only group 1 restarts: {restarts:?}");
+    assert_eq!((restarts[0]["role"].as_str(), restarts[0]["index"].as_u64()), (Some("group"), Some(1)));
+    assert_eq!(restarts[0]["attempt"], 1);
+    let done = run.finished();
+    assert_eq!(done["restarts"], 1);
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    assert_eq!(done["steps"], 600, "{done}");
+    // The restarted group resumed its step count from the PS instead of starting again at 0,
+    // and ended at the job's step count.
+    let after = run.events.iter().position(|e| e["event"] == "restart").unwrap();
+    let group1: Vec<u64> = run.events[after..]
+        .iter()
+        .filter(|e| e["event"] == "progress" && e["group"] == 1)
+        .map(|e| e["group_step"].as_u64().unwrap())
+        .collect();
+    assert!(group1.first().is_some_and(|&s| s > 150), "group 1 resumed near step 200: {group1:?}");
+    assert_eq!(group1.last(), Some(&600), "group 1 ended at the job's step count: {group1:?}");
+    let logs = out.join("logs");
+    assert!(logs.join("worker-1-0.1.log").exists() && logs.join("worker-1-1.1.log").exists());
+    assert!(!logs.join("worker-0-0.1.log").exists(), "group 0 kept its first attempt");
+    assert!(!logs.join("ps-0.1.log").exists() && !logs.join("ps-1.1.log").exists(), "the PS kept running");
+}
+
+#[test]
+fn an_mpi_backend_job_runs_each_group_under_mpirun_and_completes() {
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid(
+        |doc| {
+            set(doc, &["spec", "workers", "backend"], "mpi".into());
+            set(doc, &["spec", "training", "steps"], 120.into());
+            set(doc, &["spec", "training", "evalEverySteps"], 60.into());
+        },
+        &[],
+    );
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let done = run.finished();
+    assert_eq!(done["steps"], 120, "{done}");
+    assert_eq!(done["restarts"], 0, "{done}");
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.5, "it learned: {done}");
+    assert_eq!(run.of("started")[0]["processes"], 4, "2 PS and one launcher per group");
+    let status = run.of("status");
+    assert!(
+        status.len() == 1
+            && status[0]["ps"] == 0
+            && status[0]["addr"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "PS 0's status endpoint is shown once: {status:?}"
+    );
+    let ps1 = std::fs::read_to_string(out.join("logs/ps-1.0.log")).unwrap();
+    assert!(!ps1.contains("cannot serve the status endpoint"), "each PS has its own status port:\n{ps1}");
+    let samples: Vec<u64> = run.of("progress").iter().map(|e| e["samples"].as_u64().unwrap()).collect();
+    assert!(samples.windows(2).all(|w| w[0] <= w[1]) && samples[samples.len() - 1] > 0, "{samples:?}");
+    for group in [0, 1] {
+        let last = run.of("progress").into_iter().rfind(|e| e["group"] == group).cloned();
+        assert_eq!(
+            last.map(|e| e["group_step"].clone()),
+            Some(120.into()),
+            "group {group} trained to the end"
+        );
+    }
+    assert!(processes_of(&out).is_empty(), "every child stopped with the job");
+}
+
+#[test]
+fn a_killed_ps_resumes_from_its_checkpoint_and_the_job_completes() {
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid_under_chaos("kill:ps:0@200");
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let restarts = run.of("restart");
+    let ps: Vec<_> = restarts.iter().filter(|r| r["role"] == "ps").collect();
+    assert_eq!(ps.len(), 1, "{restarts:?}");
+    assert_eq!((ps[0]["index"].as_u64(), ps[0]["attempt"].as_u64()), (Some(0), Some(1)));
+    let done = run.finished();
+    assert_eq!(done["restarts"], 1, "the groups relaunched with the PS do not count");
+    assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
+    let log = std::fs::read_to_string(out.join("logs/ps-0.1.log")).unwrap();
+    assert!(log.contains("resumed from checkpoint"), "PS 0 resumed from its checkpoint:\n{log}");
+    assert!(!out.join("logs/ps-1.1.log").exists(), "PS 1 kept running");
+}
+
+#[test]
+fn past_max_restarts_the_job_fails_naming_the_process_and_leaves_no_process() {
+    let _one = one_job_at_a_time();
+    let (_tmp, out, run) = run_hybrid(
+        |doc| set(doc, &["spec", "runPolicy", "maxRestarts"], 0.into()),
+        &["--chaos", "kill:worker:0:1@100"],
+    );
+    assert!(!run.success, "the job must fail");
+    assert!(run.of("finished").is_empty());
+    assert!(run.stderr.contains("worker 0/1 was killed by signal 9"), "{}", run.stderr);
+    assert!(run.stderr.contains("all 0 restarts of runPolicy.maxRestarts"), "{}", run.stderr);
+    assert!(processes_of(&out).is_empty(), "a failed job stops every child");
+}
+
+#[test]
+fn sigint_stops_every_child() {
+    let _one = one_job_at_a_time();
+    // Once the workers train, press Ctrl-C.
+    let mut job = start_endless_job(Stdio::piped());
+    assert!(!processes_of(&job.out).is_empty());
+    // SAFETY: kill(2) with our own child's pid.
+    unsafe { libc::kill(job.child.id() as i32, libc::SIGINT) };
+    let status = job.child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut job.child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(processes_of(&job.out).is_empty(), "no child outlives the runner");
+}
+
+#[test]
+fn a_killed_runner_takes_its_children_with_it() {
+    let _one = one_job_at_a_time();
+    let mut job = start_endless_job(Stdio::null());
+    job.child.kill().unwrap();
+    job.child.wait().unwrap();
+    // The kernel delivers the children's parent-death signal as the runner dies; wait for them to go.
+    let mut left = processes_of(&job.out);
+    for _ in 0..600 {
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = processes_of(&job.out);
+    }
+    assert!(left.is_empty(), "children outlived a SIGKILLed runner: {left:?}");
+}

@@ -1,0 +1,204 @@
+//! A model's non-trainable state (batch-norm running statistics and the like) beside its
+//! parameters: kept in worker checkpoints, shared by an allreduce group and resumed from rank 0.
+//!
+//! Today's model families have no state, so the tests wrap the MLP in a model that keeps a
+//! running mean of its inputs, updated by every training batch as batch normalisation updates its
+//! statistics.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::time::Duration;
+
+use crate::trainer_support;
+
+use tandem::comm::algo::{AlgoConfig, Collectives};
+use tandem::comm::transport::LocalTransport;
+use tandem::compute::checkpoint::Checkpoint;
+use tandem::compute::data::{Dataset, InputShape, Loader, synthetic};
+use tandem::compute::device::Device;
+use tandem::compute::model::{self, Batch, BatchStats, Model, ModelError};
+use tandem::compute::optim::Optimizer;
+use tandem::compute::params::FlatLayout;
+use tandem::compute::train::{LocalStep, Trainer};
+use tandem::worker::allreduce::AllreduceStep;
+use tandem_api::TrainingJobSpec;
+
+const SHAPE: InputShape = InputShape { channels: 1, height: 2, width: 2 };
+const FEATURES: usize = 4;
+const CLASSES: usize = 3;
+
+/// The MLP with a running mean of each input feature as its state (momentum 0.1).
+#[derive(Debug)]
+struct WithRunningMean {
+    inner: Box<dyn Model>,
+    state_layout: FlatLayout,
+}
+
+impl Model for WithRunningMean {
+    fn layout(&self) -> &FlatLayout {
+        self.inner.layout()
+    }
+    fn state_layout(&self) -> &FlatLayout {
+        &self.state_layout
+    }
+    fn classes(&self) -> usize {
+        self.inner.classes()
+    }
+    fn device(&self) -> &Device {
+        self.inner.device()
+    }
+    fn init(&self, params: &mut [f32], state: &mut [f32]) -> Result<(), ModelError> {
+        state.fill(0.0);
+        self.inner.init(params, &mut [])
+    }
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        state: &mut [f32],
+        grads: &mut [f32],
+        batch: Batch<'_>,
+    ) -> Result<BatchStats, ModelError> {
+        let n = batch.labels.len().max(1);
+        for (j, s) in state.iter_mut().enumerate() {
+            let mean = batch.features.iter().skip(j).step_by(FEATURES).sum::<f32>() / n as f32;
+            *s = 0.9 * *s + 0.1 * mean;
+        }
+        self.inner.forward_backward(params, &mut [], grads, batch)
+    }
+    fn evaluate(
+        &mut self,
+        params: &[f32],
+        _state: &[f32],
+        batch: Batch<'_>,
+    ) -> Result<BatchStats, ModelError> {
+        self.inner.evaluate(params, &[], batch)
+    }
+}
+
+fn job() -> TrainingJobSpec {
+    trainer_support::small_job(
+        "{kind: mlp, hidden: [8]}",
+        "{source: synthetic, batchSize: 16}",
+        "{kind: sgd, learningRate: 0.1, momentum: 0.9}",
+        12,
+    )
+}
+
+fn sets() -> (Dataset, Dataset) {
+    (synthetic(640, SHAPE, CLASSES, 1), synthetic(64, SHAPE, CLASSES, 2))
+}
+
+/// A trainer of the stateful model (or of the plain MLP), as `rank` of `world`.
+fn trainer(spec: &TrainingJobSpec, stateful: bool, rank: usize, world: usize) -> Trainer {
+    let (train, test) = sets();
+    let seed = spec.training.seed;
+    let net = model::build(&spec.model, SHAPE, CLASSES, seed, &Device::Cpu).unwrap();
+    let model: Box<dyn Model> = if stateful {
+        let state_layout = FlatLayout::new([("input.running_mean", &[FEATURES][..])]);
+        Box::new(WithRunningMean { inner: net, state_layout })
+    } else {
+        net
+    };
+    let loader = Loader::new(train, spec.data.batch_size as usize, seed, rank, world).unwrap();
+    Trainer::with_parts(spec, model, Box::new(loader), test, world).unwrap()
+}
+
+fn local_step(t: &Trainer, spec: &TrainingJobSpec) -> LocalStep {
+    LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()))
+}
+
+#[test]
+fn state_is_kept_in_worker_checkpoints_and_resumes_bit_for_bit() {
+    let spec = job();
+    let dir = tempfile::tempdir().unwrap();
+    let mut straight = trainer(&spec, true, 0, 1);
+    let mut su = local_step(&straight, &spec);
+    for _ in 0..12 {
+        straight.step(&mut su).unwrap();
+    }
+    assert!(straight.state().iter().all(|&s| s != 0.0), "training moved the state: {:?}", straight.state());
+
+    let mut first = trainer(&spec, true, 0, 1);
+    let mut fu = local_step(&first, &spec);
+    for _ in 0..5 {
+        first.step(&mut fu).unwrap();
+    }
+    let path = dir.path().join("k.safetensors");
+    first.save(&fu, &path).unwrap();
+    let saved = Checkpoint::read(&path).unwrap();
+    assert_eq!(saved.tensor("state.input.running_mean").unwrap().values, first.state());
+
+    let mut resumed = trainer(&spec, true, 0, 1);
+    let mut ru = local_step(&resumed, &spec);
+    resumed.resume(&mut ru, &path).unwrap();
+    assert_eq!(resumed.state(), first.state());
+    while resumed.step_count() < 12 {
+        resumed.step(&mut ru).unwrap();
+    }
+    assert_eq!(resumed.params(), straight.params());
+    assert_eq!(resumed.state(), straight.state(), "the resumed run's state is the uninterrupted run's");
+
+    // A checkpoint of the same job without the state cannot resume the stateful model.
+    let plain = trainer(&spec, false, 0, 1);
+    let plain_path = dir.path().join("plain.safetensors");
+    plain.save(&local_step(&plain, &spec), &plain_path).unwrap();
+    let mut other = trainer(&spec, true, 0, 1);
+    let mut ou = local_step(&other, &spec);
+    let err = other.resume(&mut ou, &plain_path).unwrap_err().to_string();
+    assert!(err.contains("no tensor state.input.running_mean"), "{err}");
+}
+
+/// Runs a two-rank allreduce group for `steps` steps, rank 0 resuming from `from` and writing a
+/// checkpoint to `save` at the end; returns each rank's (start step, parameters, state).
+fn allreduce_group(
+    spec: &TrainingJobSpec,
+    steps: u64,
+    from: Option<std::path::PathBuf>,
+    save: Option<std::path::PathBuf>,
+) -> Vec<(u64, Vec<f32>, Vec<f32>)> {
+    let handles: Vec<_> = LocalTransport::group(2, Duration::from_secs(60))
+        .into_iter()
+        .enumerate()
+        .map(|(rank, transport)| {
+            let (spec, from, save) = (spec.clone(), from.clone(), save.clone());
+            std::thread::spawn(move || {
+                let comm = Collectives::new(transport, AlgoConfig::default(), "local");
+                let mut t = trainer(&spec, true, rank, 2);
+                let mut params = t.params().to_vec();
+                let mut step = AllreduceStep::start(comm, &spec.training.optimizer, &mut params).unwrap();
+                t.set_params(&params).unwrap();
+                let start = step.resume(&mut t, from.as_deref().filter(|_| rank == 0)).unwrap();
+                while t.step_count() < steps {
+                    t.step(&mut step).unwrap();
+                }
+                if let Some(path) = save {
+                    step.gather_state(t.params().len()).unwrap();
+                    if rank == 0 {
+                        t.save(&step, &path).unwrap();
+                    }
+                }
+                (start, t.params().to_vec(), t.state().to_vec())
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn an_allreduce_group_shares_its_state_and_resumes_it_from_rank_0() {
+    let spec = job();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("group.safetensors");
+    // The ranks see different batches, so their running means differ unless the group averages them.
+    let ranks = allreduce_group(&spec, 6, None, Some(path.clone()));
+    assert_eq!(ranks[0].2, ranks[1].2, "both ranks hold the group's state");
+    assert!(ranks[0].2.iter().all(|&s| s != 0.0));
+
+    // A restarted group: only rank 0 reads the checkpoint; rank 1 gets the state from it.
+    let resumed = allreduce_group(&spec, 6, Some(path), None);
+    for (rank, (start, params, state)) in resumed.iter().enumerate() {
+        assert_eq!(*start, 6, "rank {rank}");
+        assert_eq!(params, &ranks[0].1, "rank {rank}'s weights");
+        assert_eq!(state, &ranks[0].2, "rank {rank}'s state comes from rank 0's checkpoint");
+    }
+}

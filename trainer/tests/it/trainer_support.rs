@@ -1,0 +1,41 @@
+//! Helpers shared by the trainer's integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use tandem_api::{TrainingJob, TrainingJobSpec};
+
+/// The repository's data folder; panics with the command to run when the built-in sets are missing.
+pub fn data_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data");
+    for f in [tandem::compute::data::MNIST5K_FILE, tandem::compute::data::DIGITS_FILE] {
+        assert!(
+            dir.join(f).exists(),
+            "{} is missing: run `make data` (scripts/fetch-data.sh) before these tests",
+            dir.join(f).display()
+        );
+    }
+    dir
+}
+
+/// A spec from a TrainingJob manifest's YAML.
+pub fn spec(yaml: &str) -> TrainingJobSpec {
+    let job: TrainingJob = serde_yaml::from_str(yaml).unwrap();
+    job.spec.validate().unwrap();
+    job.spec
+}
+
+/// A spec from one of the repository's example manifests.
+pub fn example(name: &str) -> TrainingJobSpec {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    spec(&std::fs::read_to_string(path).unwrap())
+}
+
+/// A small single-process job: `model` and `data` are YAML flow mappings.
+pub fn small_job(model: &str, data: &str, optimizer: &str, steps: u64) -> TrainingJobSpec {
+    spec(&format!(
+        "apiVersion: tandem.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t}}\nspec:\n  model: {model}\n  \
+         data: {data}\n  training:\n    algorithm: allreduce\n    optimizer: {optimizer}\n    steps: {steps}\n    \
+         evalEverySteps: 0\n  workers: {{groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}}\n"
+    ))
+}
