@@ -1,4 +1,4 @@
-//! The engine's MLP and CNN against the trainer's current candle models (`trainer/src/model.rs`):
+//! The engine's MLP and CNN against the trainer's current candle models (`trainer/src/compute/model/`):
 //! the same seed gives the same initial weights in the same flat order, and with the same
 //! parameters the loss, the correct count and the gradient agree to float tolerance.
 //!
@@ -12,24 +12,26 @@
 mod common;
 
 use common::assert_close;
-use tandem::data::synthetic;
-use tandem::model::{DeviceChoice, InputShape, Model, select_device};
-use tandem::rng::Rng;
+use tandem::compute::data::InputShape;
+use tandem::compute::data::synthetic;
+use tandem::compute::device::Device;
+use tandem::compute::model::{self, Batch as CandleBatch};
+use tandem::compute::rng::Rng;
 use tandem_api::{ModelKind, ModelSpec};
 use tandem_kernels::models;
 use tandem_kernels::net::{Batch, Network};
 
 fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
     let classes = 10;
-    let device = select_device(DeviceChoice::Cpu).unwrap();
-    let model = Model::new(&spec, shape, classes, 3, &device).unwrap();
-    assert_eq!(model.num_params(), net.num_params(), "parameter count");
+    let mut model = model::build(&spec, shape, classes, 3, &Device::Cpu).unwrap();
+    assert_eq!(model.layout().len(), net.num_params(), "parameter count");
+    assert!(model.state_layout().is_empty(), "the candle MLP and CNN have no state");
     let names: Vec<String> = model.layout().entries().iter().map(|e| e.name.clone()).collect();
     let ours: Vec<String> = net.params().iter().map(|e| e.name.clone()).collect();
     assert_eq!(names, ours, "parameter names and flat order");
     // Same seed, same generator stream: the same initial weights bit for bit.
-    let mut theirs = vec![0.0; model.num_params()];
-    model.read_params(&mut theirs).unwrap();
+    let mut theirs = vec![0.0; model.layout().len()];
+    model.init(&mut theirs, &mut []).unwrap();
     let mut params = vec![0.0; net.num_params()];
     let mut rng = Rng::derive(3, 0x1417);
     net.init(&mut params, &mut [], &mut |lo, hi| rng.uniform(lo, hi)).unwrap();
@@ -38,11 +40,11 @@ fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
     for (i, p) in params.iter_mut().enumerate() {
         *p += 0.01 * ((i % 7) as f32 - 3.0);
     }
-    model.write_params(&params).unwrap();
     let data = synthetic(13, shape, classes, 5);
     let (x, y) = (&data.features, &data.labels);
+    let candle_batch = CandleBatch { features: x, labels: y };
     let mut g_candle = vec![0.0; params.len()];
-    let stats_candle = model.loss_and_grad(x, y, &mut g_candle).unwrap();
+    let stats_candle = model.forward_backward(&params, &mut [], &mut g_candle, candle_batch).unwrap();
     let mut g_engine = vec![0.0; params.len()];
     let stats_engine = net.forward_backward(&params, &mut [], &mut g_engine, Batch::Values(x), y).unwrap();
     assert!(
@@ -73,10 +75,8 @@ fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
             let mut down = params.clone();
             down[i] -= h;
             let mut scratch = vec![0.0; params.len()];
-            model.write_params(&up).unwrap();
-            let lu = model.loss_and_grad(x, y, &mut scratch).unwrap().loss;
-            model.write_params(&down).unwrap();
-            let ld = model.loss_and_grad(x, y, &mut scratch).unwrap().loss;
+            let lu = model.forward_backward(&up, &mut [], &mut scratch, candle_batch).unwrap().loss;
+            let ld = model.forward_backward(&down, &mut [], &mut scratch, candle_batch).unwrap().loss;
             let fd = (lu - ld) / (2.0 * h);
             let an = g_engine[i];
             assert!(
@@ -85,7 +85,6 @@ fn compare(spec: ModelSpec, shape: InputShape, mut net: Network) {
                 e.name
             );
         }
-        model.write_params(&params).unwrap();
     }
     let eval = net.evaluate(&params, &[], Batch::Values(x), y).unwrap();
     assert!((eval.loss - stats_candle.loss).abs() < 1e-4 * stats_candle.loss.abs().max(1.0));
