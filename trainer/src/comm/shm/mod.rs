@@ -330,15 +330,32 @@ impl ShmGroup {
             self.step();
             if gather {
                 let reduced = self.seq;
-                for (b, block) in blocks.iter().enumerate().filter(|(b, _)| Some(*b) != own) {
-                    self.await_rank(b, reduced, live)?;
-                    let part = piece(block, k, q);
-                    let len = part.len();
-                    buf[part].copy_from_slice(self.view(b, s, b * q, len));
-                }
+                self.copy_others_pieces(s, buf, &blocks, own, (k, q), reduced, live)?;
                 self.step();
             }
             self.free_at[s] = self.seq;
+        }
+        Ok(())
+    }
+
+    /// Copies piece `k` (of `q` values) of every block but `own` from its owner's part of slot `s`
+    /// into `buf`, once each owner has posted `seq`.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_others_pieces(
+        &mut self,
+        s: usize,
+        buf: &mut [f32],
+        blocks: &[Range<usize>],
+        own: Option<usize>,
+        (k, q): (usize, usize),
+        seq: u32,
+        live: &mut dyn Liveness,
+    ) -> Result<(), CommError> {
+        for (b, block) in blocks.iter().enumerate().filter(|(b, _)| Some(*b) != own) {
+            self.await_rank(b, seq, live)?;
+            let part = piece(block, k, q);
+            let len = part.len();
+            buf[part].copy_from_slice(self.view(b, s, b * q, len));
         }
         Ok(())
     }
@@ -371,12 +388,7 @@ impl ShmGroup {
                 self.await_others(posted, live)?;
                 self.check_signatures(s, call, n, self.others(), live)?;
             }
-            for (b, block) in blocks.iter().enumerate().filter(|(b, _)| Some(*b) != own) {
-                self.await_rank(b, posted, live)?;
-                let part = piece(block, k, q);
-                let len = part.len();
-                buf[part].copy_from_slice(self.view(b, s, b * q, len));
-            }
+            self.copy_others_pieces(s, buf, &blocks, own, (k, q), posted, live)?;
             self.step();
             self.free_at[s] = self.seq;
         }
