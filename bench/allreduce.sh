@@ -26,6 +26,7 @@ if [ -z "${TANDEM:-}" ]; then
 fi
 RESULTS="$OUT/results.jsonl"
 : > "$RESULTS"
+started=$(date +%s)
 
 run() { # label, then the command; tags every JSON line with the series label
   local label=$1; shift
@@ -35,7 +36,7 @@ run() { # label, then the command; tags every JSON line with the series label
 
 {
   echo "date: $(date -u +%FT%TZ)"
-  echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg) (figures only count with a load near 0)"
   grep -m1 "model name" /proc/cpuinfo || true
 } | tee "$OUT/machine.txt" >&2
 
@@ -53,7 +54,10 @@ for round in $(seq "$ROUNDS"); do
     fi
   done
 done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
+{
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "measuring took $(( $(date +%s) - started )) s"
+} | tee -a "$OUT/machine.txt" >&2
 
 python3 -c "import matplotlib" 2>/dev/null || python3 -m pip install --quiet matplotlib || \
   echo "matplotlib unavailable: SVG plot only" >&2

@@ -1,6 +1,6 @@
 //! The shared-memory segment of one host's ranks: a file under `/dev/shm` mapped by every rank,
 //! holding a header, one control line per rank (its step counter, the futex word the others sleep
-//! on) and each rank's ring of slots.
+//! on, the CPU it last ran on, its call signatures) and each rank's ring of slots.
 //!
 //! Expected flow: the host's lowest rank [`Segment::create`]s it under a name derived from the job
 //! token and a fresh nonce, sends the nonce to the other ranks over their authenticated TCP
@@ -30,12 +30,14 @@ use std::time::Duration;
 use super::super::auth;
 use crate::util::token::hmac;
 
-const MAGIC: [u8; 8] = *b"TNDMSHM1";
+const MAGIC: [u8; 8] = *b"TNDMSHM2";
 const HEADER_BYTES: usize = 4096;
 /// One control line: two cache lines, so neighbours' counters never share a prefetched pair.
 const LINE_BYTES: usize = 128;
-/// Most slots per rank (the line holds a signature word per slot after its two counters).
-pub const MAX_SLOTS: usize = (LINE_BYTES - 8) / 8;
+/// Where a line's signature words start (after the counter, the waiters and the CPU).
+const SIGNATURES_AT: usize = 16;
+/// Most slots per rank (the line holds a signature word per slot).
+pub const MAX_SLOTS: usize = (LINE_BYTES - SIGNATURES_AT) / 8;
 const MAC_AT: usize = 24;
 
 /// A mapped segment.
@@ -233,11 +235,17 @@ impl Segment {
         unsafe { &*(self.line(rank).add(4) as *const AtomicU32) }
     }
 
+    /// The CPU `rank` ran on when it last stepped (`u32::MAX` when unknown).
+    pub fn cpu(&self, rank: usize) -> &AtomicU32 {
+        // SAFETY: as for `seq`, 8 bytes further.
+        unsafe { &*(self.line(rank).add(8) as *const AtomicU32) }
+    }
+
     /// The call signature `rank` stored with slot `slot`'s first piece.
     pub fn signature(&self, rank: usize, slot: usize) -> &AtomicU64 {
         assert!(slot < self.slots, "slot {slot} outside {}", self.slots);
         // SAFETY: 8-aligned, within the line (slot < MAX_SLOTS), only accessed atomically.
-        unsafe { &*(self.line(rank).add(8 + 8 * slot) as *const AtomicU64) }
+        unsafe { &*(self.line(rank).add(SIGNATURES_AT + 8 * slot) as *const AtomicU64) }
     }
 
     /// The first element of `rank`'s slot `slot` (`slot_bytes / 4` elements).
