@@ -1,15 +1,19 @@
-//! Training-step throughput of Tandem's compute (candle on CPU), one model at a time, batch 64, on
-//! seeded synthetic MNIST-shaped data. Prints one JSON object per model with samples/s and where a
-//! step's time goes. `bench/train.sh` runs it side by side with the same models in PyTorch.
+//! Training-step throughput of the trainer's own step, through its `compute::model::Model` trait
+//! exactly as `tandem train` runs it (batch assembly, forward + backward into the flat gradient,
+//! the optimizer over the flat parameters), on seeded synthetic MNIST-shaped data, batch 64, for
+//! both CPU backends: `tandem-trainer` (what `model::build` picks on the CPU: the compute engine,
+//! on `TANDEM_THREADS` threads) and `tandem-candle` (the candle backend, on `RAYON_NUM_THREADS`).
+//! Prints one JSON object per model and backend with samples/s and where a step's time goes.
+//! `bench/train.sh` runs it side by side with the engine's own step and PyTorch.
 //!
-//! Run: `cargo bench -p tandem-trainer --bench train -- [steps]` (threads: RAYON_NUM_THREADS).
+//! Run: `cargo bench -p tandem-trainer --bench train -- [steps]`.
 
 use std::time::Instant;
 
 use tandem::compute::data::InputShape;
 use tandem::compute::data::{Loader, synthetic};
 use tandem::compute::device::Device;
-use tandem::compute::model::Net;
+use tandem::compute::model::{self, Batch, Model, Net, engine};
 use tandem::compute::optim::Optimizer;
 use tandem_api::{ModelKind, ModelSpec, OptimizerSpec};
 
@@ -24,60 +28,59 @@ fn main() -> anyhow::Result<()> {
     ];
     let opt_spec = OptimizerSpec { learning_rate: 0.01, momentum: 0.9, ..OptimizerSpec::default() };
     for (name, spec) in models {
-        let model = Net::new(&spec, shape, 10, 1, &Device::Cpu)?;
-        let mut loader = Loader::new(data.clone(), batch, 1, 0, 1)?;
-        let mut opt = Optimizer::new(&opt_spec, model.num_params());
-        let mut params = vec![0.0; model.num_params()];
-        let mut grads = vec![0.0; model.num_params()];
-        model.read_params(&mut params)?;
-        let (mut x, mut y) = (Vec::new(), Vec::new());
-        // Phases: batch assembly, forward+backward+gradient copy, optimizer, weight write-back.
-        let mut t = [0.0f64; 4];
-        let warmup = steps / 10 + 5;
-        let mut total = 0.0;
-        for i in 0..warmup + steps {
-            let t0 = Instant::now();
-            loader.next_batch(&mut x, &mut y);
-            let t1 = Instant::now();
-            model.loss_and_grad(&x, &y, &mut grads)?;
-            let t2 = Instant::now();
-            opt.step(&mut params, &grads, 0.01)?;
-            let t3 = Instant::now();
-            model.write_params(&params)?;
-            let t4 = Instant::now();
-            if i >= warmup {
-                for (acc, d) in t.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3]) {
-                    *acc += d.as_secs_f64();
+        let backends: [(&str, Box<dyn Model>, usize); 2] = [
+            ("tandem-trainer", model::build(&spec, shape, 10, 1, &Device::Cpu)?, engine::threads()?),
+            (
+                "tandem-candle",
+                Box::new(Net::new(&spec, shape, 10, 1, &Device::Cpu)?),
+                candle_core::utils::get_num_threads(),
+            ),
+        ];
+        for (backend, mut model, threads) in backends {
+            let mut loader = Loader::new(data.clone(), batch, 1, 0, 1)?;
+            let n = model.layout().len();
+            let mut opt = Optimizer::new(&opt_spec, n);
+            let (mut params, mut grads) = (vec![0.0; n], vec![0.0; n]);
+            let mut state = vec![0.0; model.state_layout().len()];
+            model.init(&mut params, &mut state)?;
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            // Phases: batch assembly, forward + backward into the flat gradient, optimizer.
+            let mut t = [0.0f64; 3];
+            let warmup = steps / 10 + 5;
+            for i in 0..warmup + steps {
+                let t0 = Instant::now();
+                loader.next_batch(&mut x, &mut y);
+                let t1 = Instant::now();
+                let b = Batch { features: &x, labels: &y };
+                model.forward_backward(&params, &mut state, &mut grads, b)?;
+                let t2 = Instant::now();
+                opt.step(&mut params, &grads, 0.01)?;
+                let t3 = Instant::now();
+                if i >= warmup {
+                    for (acc, d) in t.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2]) {
+                        *acc += d.as_secs_f64();
+                    }
                 }
-                total += (t4 - t0).as_secs_f64();
             }
+            let total: f64 = t.iter().sum();
+            let per = |v: f64| v / steps as f64 * 1e3;
+            let record = serde_json::json!({
+                "impl": backend,
+                "model": name,
+                "batch": batch,
+                "steps": steps,
+                "threads": threads,
+                "parameters": n,
+                "samples_per_second": (steps * batch) as f64 / total,
+                "ms_per_step": per(total),
+                "breakdown_ms": {
+                    "batch": per(t[0]),
+                    "forward_backward": per(t[1]),
+                    "optimizer": per(t[2]),
+                },
+            });
+            println!("{record}");
         }
-        // Forward alone, to split the compute phase.
-        let (xt, _) = model.batch_tensors(&x, &y)?;
-        let t0 = Instant::now();
-        for _ in 0..steps {
-            model.forward(&xt)?;
-        }
-        let forward = t0.elapsed().as_secs_f64() / steps as f64;
-        let per = |v: f64| v / steps as f64 * 1e3;
-        let record = serde_json::json!({
-            "impl": "tandem",
-            "model": name,
-            "batch": batch,
-            "steps": steps,
-            "threads": candle_core::utils::get_num_threads(),
-            "parameters": model.num_params(),
-            "samples_per_second": (steps * batch) as f64 / total,
-            "ms_per_step": per(total),
-            "breakdown_ms": {
-                "batch": per(t[0]),
-                "forward": forward * 1e3,
-                "backward_and_grad_copy": per(t[1]) - forward * 1e3,
-                "optimizer": per(t[2]),
-                "write_params": per(t[3]),
-            },
-        });
-        println!("{record}");
     }
     Ok(())
 }

@@ -4,8 +4,11 @@
 #   - tandem-engine: the tandem-kernels engine's step (kernels/src/bin/engine_step.rs): forward,
 #     backward, SGD momentum over the flat vectors;
 #   - pytorch: bench/train_torch.py, the same models in plain PyTorch (bench/torch_models.py);
-#   - tandem-candle: the trainer's current candle step (bench/train.rs), the "before" figure, for
-#     the MLP and the CNN only (skip with BENCH_CANDLE=0).
+#   - tandem-trainer: the trainer's own step through its Model trait as `tandem train` runs it
+#     (bench/train.rs: batch assembly, the engine's forward/backward on the trainer's flat buffers,
+#     the trainer's optimizer), and tandem-candle, the same step on the candle backend (the
+#     "before" figure), for the MLP and the CNN only (skip with BENCH_TRAINER=0).
+# The trainer-vs-PyTorch comparison alone: bench/train.sh mlp,cnn 1,2
 # Models (engine-step's list): mlp (784→256→128→10, batch 64), cnn (LeNet 16/32 + dense 128, batch
 # 64), resnet20 (CIFAR ResNet-20 on 1×28×28, batch 128), resnet18 and vgga (3×224×224, 1,000
 # classes, batch 8), gpt (4 layers, 4 heads, width 128, context 128, vocabulary 65, batch 16).
@@ -15,7 +18,7 @@
 #   bench/train.sh [models, comma-separated | all] [threads, comma-separated]
 #   e.g. bench/train.sh all 1,2        bench/train.sh resnet18,gpt 2
 # Environment: BENCH_SECONDS (timed seconds per model and run, default 5), BENCH_ROUNDS (default
-# 2), BENCH_CANDLE (1), BENCH_PROFILE (release; dev skips the slow release build).
+# 2), BENCH_TRAINER (1), BENCH_PROFILE (release; dev skips the slow release build).
 # Figures only count on a quiet machine: /work/shared/tools/quiet-run -- bench/train.sh
 # PyTorch is pip-installed into target/torch-venv on first use.
 set -euo pipefail
@@ -49,10 +52,10 @@ fi
 if [ "${BENCH_PROFILE:-release}" = dev ]; then PROFILE_FLAG=(); DIR=target/debug; else PROFILE_FLAG=(--release); DIR=target/release; fi
 cargo build -q "${PROFILE_FLAG[@]}" -p tandem-kernels --bin engine-step >&2
 ENGINE=$DIR/engine-step
-CANDLE=""
-if [ "${BENCH_CANDLE:-1}" != 0 ] && [[ ",$MODELS," =~ ,(mlp|cnn), ]]; then
+TRAINER=""
+if [ "${BENCH_TRAINER:-${BENCH_CANDLE:-1}}" != 0 ] && [[ ",$MODELS," =~ ,(mlp|cnn), ]]; then
   cargo build -q "${PROFILE_FLAG[@]}" -p tandem-trainer --bench train >&2
-  CANDLE=$(ls -t $DIR/deps/train-* | grep -v '\.d$' | head -1)
+  TRAINER=$(ls -t $DIR/deps/train-* | grep -v '\.d$' | head -1)
 fi
 mkdir -p out/bench
 : > out/bench/train.json
@@ -66,8 +69,8 @@ for round in $(seq "$ROUNDS"); do
       OMP_NUM_THREADS=$t "$VENV/bin/python" bench/train_torch.py --models "$m" --threads "$t" \
         --seconds "$SECONDS_PER" | tee -a out/bench/train.json
     done
-    if [ -n "$CANDLE" ]; then
-      RAYON_NUM_THREADS=$t "$CANDLE" 200 | sed 's/"impl":"tandem"/"impl":"tandem-candle"/' | tee -a out/bench/train.json
+    if [ -n "$TRAINER" ]; then
+      TANDEM_THREADS=$t RAYON_NUM_THREADS=$t "$TRAINER" 200 | tee -a out/bench/train.json
     fi
   done
 done
@@ -82,22 +85,26 @@ for r in recs:
         best[k] = r["samples_per_second"]
         extra[k] = r
 threads = sorted({r["threads"] for r in recs})
-print(f"\n{'model':8} {'thr':>3} {'batch':>5} {'engine/s':>10} {'pytorch/s':>10} {'candle/s':>9} {'engine÷torch':>13} "
+print(f"\n{'model':8} {'thr':>3} {'batch':>5} {'engine/s':>10} {'pytorch/s':>10} {'trainer/s':>10} {'candle/s':>9} "
+      f"{'engine÷torch':>13} {'trainer÷torch':>14} "
       f"{'engine GFLOP/s':>15} {'torch GFLOP/s':>14} {'GEMM peak':>10} {'of peak':>8}")
 summary = []
 for m in models:
     for t in threads:
         e, p = best.get(("tandem-engine", m, t)), best.get(("pytorch", m, t))
         c = best.get(("tandem-candle", m, t))
+        tr = best.get(("tandem-trainer", m, t))
         if e is None or p is None:
             continue
         x = extra[("tandem-engine", m, t)]
         gf = x["gflop_per_step"]
         torch_gflops = gf * p / x["batch"]
-        print(f"{m:8} {t:3} {x['batch']:5} {e:10.1f} {p:10.1f} {c if c else 0:9.0f} {e / p:12.2f}x "
+        print(f"{m:8} {t:3} {x['batch']:5} {e:10.1f} {p:10.1f} {tr if tr else 0:10.1f} {c if c else 0:9.0f} "
+              f"{e / p:12.2f}x {(tr / p) if tr else 0:13.2f}x "
               f"{x['gflops']:15.1f} {torch_gflops:14.1f} {x['gemm_peak_gflops']:10.1f} {x['fraction_of_peak']:7.0%}")
         row = {"model": m, "threads": t, "batch": x["batch"], "engine_samples_per_second": e,
                "pytorch_samples_per_second": p, "ratio_engine_vs_pytorch": e / p,
+               "trainer_samples_per_second": tr, "ratio_trainer_vs_pytorch": (tr / p) if tr else None,
                "ratio_candle_vs_pytorch": (c / p) if c else None,
                "engine_gflops": x["gflops"], "pytorch_gflops": torch_gflops,
                "gemm_peak_gflops": x["gemm_peak_gflops"], "fraction_of_peak": x["fraction_of_peak"]}

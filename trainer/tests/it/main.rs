@@ -19,6 +19,7 @@ mod cli_train;
 mod comm_mpi;
 mod comm_tcp;
 mod data;
+mod engine;
 mod flat;
 mod launcher;
 mod optim;

@@ -5,13 +5,16 @@
 //! owns ([`crate::compute::params::ParamStore`]). Nothing in the trait is tied to a framework: a
 //! model may keep preallocated activations and device copies inside itself and compute its
 //! forward and backward passes by hand, or hand them to a framework. Today's families, an MLP
-//! ([`mlp`]) and a LeNet-style CNN ([`cnn`]), are built on candle ([`net`]) from shared layers
-//! ([`layers`]); [`build`] picks one from `spec.model`.
+//! and a LeNet-style CNN, have two backends: Tandem's compute engine ([`engine`], the CPU's: the
+//! layers compute in place on the flat buffers) and candle ([`net`], built from [`mlp`], [`cnn`]
+//! and [`layers`]: the CUDA path, and a reference in tests). [`build`] picks the family from
+//! `spec.model` and the backend from the device.
 //!
 //! Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …); see
 //! [`crate::compute::params`] for the flat order.
 
 pub mod cnn;
+pub mod engine;
 pub mod layers;
 pub mod mlp;
 pub mod net;
@@ -22,6 +25,7 @@ use crate::compute::data::InputShape;
 use crate::compute::device::{Device, DeviceError};
 use crate::compute::params::{FlatError, FlatLayout};
 
+pub use engine::Engine;
 pub use net::Net;
 
 /// Errors while building or running a model.
@@ -46,6 +50,9 @@ pub enum ModelError {
         /// candle's error.
         source: candle_core::Error,
     },
+    /// The compute engine refused a step's buffers or batch.
+    #[error(transparent)]
+    Engine(#[from] tandem_kernels::net::NetError),
     /// The requested device is not usable.
     #[error(transparent)]
     Device(#[from] DeviceError),
@@ -116,7 +123,13 @@ pub trait Model: std::fmt::Debug + Send {
     -> Result<BatchStats, ModelError>;
 }
 
-/// The model `spec` describes, for inputs of `input` and `classes` classes, initialised from `seed`.
+/// Environment variable that picks the CPU backend: `engine` (the default) or `candle` (the
+/// former backend, kept as a reference; same weights, names and checkpoints).
+pub const BACKEND_ENV: &str = "TANDEM_CPU_BACKEND";
+
+/// The model `spec` describes, for inputs of `input` and `classes` classes, initialised from `seed`:
+/// on the CPU the engine's ([`Engine`], on [`engine::threads`] threads) unless [`BACKEND_ENV`] asks
+/// for candle's, on a GPU candle's ([`Net`]).
 pub fn build(
     spec: &ModelSpec,
     input: InputShape,
@@ -124,5 +137,17 @@ pub fn build(
     seed: u64,
     device: &Device,
 ) -> Result<Box<dyn Model>, ModelError> {
+    if device.is_host() {
+        match std::env::var(BACKEND_ENV).as_deref() {
+            Err(_) | Ok("" | "engine") => {}
+            Ok("candle") => return Ok(Box::new(Net::new(spec, input, classes, seed, device)?)),
+            Ok(other) => {
+                return Err(ModelError::Spec(format!(
+                    "{BACKEND_ENV}={other:?} names no CPU backend; use engine (the default) or candle"
+                )));
+            }
+        }
+        return Ok(Box::new(Engine::new(spec, input, classes, seed, engine::threads()?)?));
+    }
     Ok(Box::new(Net::new(spec, input, classes, seed, device)?))
 }

@@ -6,11 +6,8 @@
 //! step must give PyTorch's loss, every gradient value, the updated running statistics, and the
 //! evaluation-mode logits under those statistics — at 1 and 2 threads — and every tensor gets a
 //! non-zero gradient.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod common;
-
-use common::assert_close;
+use crate::common::assert_close;
 use serde_json::Value;
 use tandem_kernels::models::{self, GptConfig, ResNetConfig, ResNetFamily, VggConfig, VggVariant};
 use tandem_kernels::net::{Batch, Network};

@@ -1,5 +1,4 @@
 //! Helpers shared by the kernel tests: seeded random data and float comparison.
-#![allow(dead_code)]
 
 /// A small seeded generator (splitmix64) for test data.
 pub struct Rand(u64);

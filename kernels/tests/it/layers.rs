@@ -1,11 +1,8 @@
 //! Every layer against its naive form: forward values, parameter gradients and input gradients,
 //! on odd shapes, with stride and padding, at 1 and 2 threads. Batch norm, layer norm, attention
 //! and the loss are also checked by finite differences (they are smooth).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod common;
-
-use common::{Rand, assert_close};
+use crate::common::{Rand, assert_close};
 use tandem_kernels::layers::{
     AvgPool2d, BatchNorm, CausalSelfAttention, ChainBuilder, Conv2d, ConvSpec, Ctx, Dense, Embedding,
     Flatten, Gelu, GlobalAvgPool, Init, Layer, LayerNorm, Layout, Linear, LogitsOrder, MaxPool2d, PoolSpec,

@@ -4,11 +4,8 @@
 //! the full-size models against torchvision's and GPT-2's published figures, batch-norm state
 //! updated in training and read in evaluation, the GPT's causality, 1 and 2 threads agreeing, and
 //! bad input rejected with a clear error.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod common;
-
-use common::Rand;
+use crate::common::Rand;
 use tandem_kernels::layers::{
     BatchNorm, Conv2d, ConvSpec, Dense, GlobalAvgPool, Layout, MaxPool2d, PoolSpec, Relu,
 };
@@ -391,8 +388,13 @@ fn two_threads_match_one() {
         let ra = a.forward_backward(&params, &mut sa, &mut ga, x.batch(), &y).unwrap();
         let rb = b.forward_backward(&params, &mut sb, &mut gb, x.batch(), &y).unwrap();
         assert!((ra.loss - rb.loss).abs() < 1e-5);
-        common::assert_close(&gb, &ga, 1e-5, &format!("gradient at 2 threads vs 1 ({:?})", a.describe()[0]));
-        common::assert_close(&sb, &sa, 1e-5, "state at 2 threads vs 1");
+        crate::common::assert_close(
+            &gb,
+            &ga,
+            1e-5,
+            &format!("gradient at 2 threads vs 1 ({:?})", a.describe()[0]),
+        );
+        crate::common::assert_close(&sb, &sa, 1e-5, "state at 2 threads vs 1");
     }
 }
 

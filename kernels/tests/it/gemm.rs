@@ -1,10 +1,7 @@
 //! The GEMM against the naive triple loop: every micro-tile shape, odd sizes, strided, transposed
 //! and table-addressed operands, accumulation, both bias kinds, ReLU, both micro-kernels and a pool.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-mod common;
-
-use common::{Rand, assert_close};
+use crate::common::{Rand, assert_close};
 use tandem_kernels::gemm::{Bias, Epilogue, Index, Isa, MatA, MatB, gemm_parallel, gemm_with};
 use tandem_kernels::pool::Pool;
 

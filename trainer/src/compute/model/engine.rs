@@ -1,0 +1,176 @@
+//! The CPU backend: the model families as networks of Tandem's compute engine
+//! ([`tandem_kernels`]), whose layers read the weights in place from the trainer's flat parameter
+//! buffer and write their gradients in place into its flat gradient buffer.
+//!
+//! Nothing is copied between formats inside a step: [`Model::forward_backward`] hands the
+//! [`crate::compute::params::ParamStore`]'s slices straight to
+//! [`tandem_kernels::net::Network::forward_backward`], which keeps its activations in buffers it
+//! owns (allocated once, for the largest batch seen). The flat order, the names and the
+//! initialisation are those of the candle backend ([`super::net`]): He-uniform weights drawn in
+//! flat order from the same seeded generator, biases zero, so both backends start from the same
+//! weights bit for bit and their checkpoints are interchangeable.
+//!
+//! Threads: one fork-join pool per model, of [`threads`] threads.
+
+use tandem_api::{ModelKind, ModelSpec};
+use tandem_kernels::models;
+use tandem_kernels::net::{self as knet, NetError, Network};
+
+use super::{Batch, BatchStats, Model, ModelError};
+use crate::compute::data::InputShape;
+use crate::compute::device::Device;
+use crate::compute::params::FlatLayout;
+use crate::compute::rng::Rng;
+
+/// Environment variable that sets the compute threads of a process (a whole number ≥ 1).
+pub const THREADS_ENV: &str = "TANDEM_THREADS";
+
+/// Threads of a process's compute pool: [`THREADS_ENV`] when set; otherwise the CPUs this process
+/// may use (its affinity mask and its container's CPU quota, which is how a pod's
+/// `resources.limits.cpu` sizes it), shared among the ranks `mpirun` started on this node
+/// (`OMPI_COMM_WORLD_LOCAL_SIZE`); at least 1.
+pub fn threads() -> Result<usize, ModelError> {
+    if let Ok(v) = std::env::var(THREADS_ENV) {
+        return match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(ModelError::Spec(format!(
+                "{THREADS_ENV}={v:?} is not a whole number >= 1; set it to the compute threads per process or unset it"
+            ))),
+        };
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1);
+    Ok((cpus / local_ranks).max(1))
+}
+
+/// A model family on the engine.
+pub struct Engine {
+    net: Network,
+    layout: FlatLayout,
+    state_layout: FlatLayout,
+    seed: u64,
+    device: Device,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("net", &self.net).field("params", &self.layout.len()).finish()
+    }
+}
+
+impl Engine {
+    /// The model of `spec` for inputs of `input` and `classes` classes, on `threads` threads,
+    /// initialised from `seed` by [`Model::init`].
+    pub fn new(
+        spec: &ModelSpec,
+        input: InputShape,
+        classes: usize,
+        seed: u64,
+        threads: usize,
+    ) -> Result<Self, ModelError> {
+        if classes < 2 {
+            return Err(ModelError::Spec(format!(
+                "a classifier needs at least 2 classes, the data has {classes}"
+            )));
+        }
+        if let Some(w) = spec.hidden.iter().find(|&&w| w == 0) {
+            return Err(ModelError::Spec(format!("model.hidden widths must be at least 1, got {w}")));
+        }
+        let hidden: Vec<usize> = spec.hidden.iter().map(|&w| w as usize).collect();
+        let net = match spec.kind {
+            ModelKind::Mlp => models::mlp(input.features(), &hidden, classes, threads),
+            ModelKind::Cnn => {
+                let channels = match spec.channels.as_slice() {
+                    &[a, b] if a >= 1 && b >= 1 => [a as usize, b as usize],
+                    other => {
+                        return Err(ModelError::Spec(format!(
+                            "model.channels needs exactly two values >= 1 (one per convolution block), got {other:?}"
+                        )));
+                    }
+                };
+                models::lenet((input.channels, input.height, input.width), channels, &hidden, classes, threads)
+            }
+        }
+        .map_err(spec_error)?;
+        let layout = FlatLayout::new(net.params().iter().map(|e| (e.name.as_str(), e.shape.as_slice())));
+        let state_layout = FlatLayout::new(net.state().iter().map(|e| (e.name.as_str(), e.shape.as_slice())));
+        Ok(Self { net, layout, state_layout, seed, device: Device::Cpu })
+    }
+
+    /// The engine network (for profiling and benchmarks).
+    pub fn network(&self) -> &Network {
+        &self.net
+    }
+
+    /// Threads of the model's pool.
+    pub fn threads(&self) -> usize {
+        self.net.threads()
+    }
+}
+
+/// A build error of the engine as a spec error ("invalid network: " dropped, the message says what).
+fn spec_error(e: NetError) -> ModelError {
+    match e {
+        NetError::Build(msg) => ModelError::Spec(msg),
+        other => ModelError::Engine(other),
+    }
+}
+
+fn stats(s: knet::BatchStats) -> BatchStats {
+    BatchStats { loss: s.loss, correct: s.correct, samples: s.targets }
+}
+
+impl Model for Engine {
+    fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+
+    fn state_layout(&self) -> &FlatLayout {
+        &self.state_layout
+    }
+
+    fn classes(&self) -> usize {
+        self.net.classes()
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn init(&self, params: &mut [f32], state: &mut [f32]) -> Result<(), ModelError> {
+        // The candle backend's generator and stream (see `net::Declare`): same weights bit for bit.
+        let mut rng = Rng::derive(self.seed, 0x1417);
+        self.net.init(params, state, &mut |lo, hi| rng.uniform(lo, hi))?;
+        Ok(())
+    }
+
+    fn forward_backward(
+        &mut self,
+        params: &[f32],
+        state: &mut [f32],
+        grads: &mut [f32],
+        batch: Batch<'_>,
+    ) -> Result<BatchStats, ModelError> {
+        let s = self.net.forward_backward(
+            params,
+            state,
+            grads,
+            knet::Batch::Values(batch.features),
+            batch.labels,
+        )?;
+        Ok(stats(s))
+    }
+
+    fn evaluate(
+        &mut self,
+        params: &[f32],
+        state: &[f32],
+        batch: Batch<'_>,
+    ) -> Result<BatchStats, ModelError> {
+        Ok(stats(self.net.evaluate(params, state, knet::Batch::Values(batch.features), batch.labels)?))
+    }
+}
