@@ -4,8 +4,8 @@
 //! Guarantees: every field has a default or is required, so a manifest that the API server accepts
 //! is complete; cross-field constraints live in CEL rules (`x-kubernetes-validations`) on
 //! [`TrainingJobSpec`], each with a message that says what is wrong and how to fix it. The same
-//! rules are checked in-process by the tests, and [`TrainingJobSpec::validate`] mirrors them for
-//! the local runner, which has no API server.
+//! rules are evaluated in-process by [`crate::manifest`] for the local runner, which has no API
+//! server, and by [`TrainingJobSpec::validate`].
 
 use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -785,88 +785,17 @@ pub struct Progress {
 pub struct SpecError(pub String);
 
 impl TrainingJobSpec {
-    /// Checks the cross-field rules that the API server enforces through CEL, for callers that
-    /// have no API server (the local runner). Transition rules (`oldSelf`) do not apply here.
+    /// Checks the spec against the CRD's generated schema and CEL rules (see [`crate::manifest`]),
+    /// for callers that have no API server (the local runner) or must not trust one (the
+    /// operator). Transition rules (`oldSelf`) do not apply here.
     pub fn validate(&self) -> Result<(), SpecError> {
-        let w = &self.workers;
-        let t = &self.training;
-        let ps = self.parameter_servers.replicas;
-        let fail = |m: &str| Err(SpecError(m.to_owned()));
-        if w.min_groups > w.max_groups {
-            return fail("workers.minGroups must not exceed workers.maxGroups");
-        }
-        if w.groups < w.min_groups || w.groups > w.max_groups {
-            return fail(
-                "workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups",
-            );
-        }
-        match t.algorithm {
-            Algorithm::Allreduce if ps != 0 => {
-                return fail(
-                    "algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd",
-                );
-            }
-            Algorithm::Allreduce if w.groups != 1 => {
-                return fail(
-                    "algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid",
-                );
-            }
-            a if a.uses_parameter_server() && ps == 0 => {
-                return fail(
-                    "algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1",
-                );
-            }
-            _ => {}
-        }
-        if t.steps.is_some() == t.epochs.is_some() {
-            return fail("set exactly one of training.steps and training.epochs");
-        }
-        if t.algorithm == Algorithm::Easgd {
-            if t.easgd.tau < 1 {
-                return fail(
-                    "algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)",
-                );
-            }
-            if !(t.easgd.alpha > 0.0 && t.easgd.alpha <= 1.0) {
-                return fail("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]");
-            }
-        }
-        if self.data.source == DataSource::Path && self.data.path.as_deref().is_none_or(str::is_empty) {
-            return fail("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read");
-        }
-        if self.network.transport == Transport::Infiniband && w.backend != Backend::Mpi {
-            return fail(
-                "network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA",
-            );
-        }
-        if w.backend == Backend::Mpi && w.min_groups != w.max_groups && ps == 0 {
-            return fail(
-                "elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go",
-            );
-        }
-        let m = &self.model;
-        if !m.hidden.iter().all(|w| (1..=65536).contains(w)) {
-            return fail("model.hidden widths must lie in [1, 65536]");
-        }
-        if m.channels.len() != 2 || !m.channels.iter().all(|c| (1..=1024).contains(c)) {
-            return fail("model.channels needs exactly two values in [1, 1024], one per convolution block");
-        }
-        let lr = t.optimizer.learning_rate;
-        if !(lr > 0.0 && lr <= 10.0) {
-            return fail("training.optimizer.learningRate must lie in (0, 10]");
-        }
-        if !(0.0..1.0).contains(&t.optimizer.momentum) {
-            return fail("training.optimizer.momentum must lie in [0, 1)");
-        }
-        if !(0.0..1.0).contains(&t.optimizer.weight_decay) {
-            return fail("training.optimizer.weightDecay must lie in [0, 1)");
-        }
-        if t.optimizer.schedule.kind == ScheduleKind::Step && t.optimizer.schedule.step_size < 1 {
-            return fail("schedule kind step needs stepSize >= 1");
-        }
-        if self.run_policy.scheduling.queue.is_some() && !self.run_policy.scheduling.gang {
-            return fail("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true");
-        }
-        Ok(())
+        let spec = serde_json::to_value(self).map_err(|e| SpecError(format!("the spec does not serialise: {e}")))?;
+        let object = serde_json::json!({
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": "TrainingJob",
+            "metadata": {},
+            "spec": spec,
+        });
+        crate::manifest::admit(object).map(drop).map_err(|e| SpecError(e.to_string()))
     }
 }
