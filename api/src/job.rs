@@ -18,6 +18,14 @@ pub const GROUP: &str = "tandem.dev";
 /// API version of [`TrainingJob`].
 pub const VERSION: &str = "v1alpha1";
 
+/// A job's name names its headless Service (a DNS-1035 label), prefixes its pods' host names and
+/// is the local runner's output folder (`out/<name>`), so it is checked as the API server checks a
+/// Service's name; `../../victim` is refused. (The API server itself only refuses `/` and `..`.)
+const NAME_RULE: &str =
+    "!has(self.metadata.name) || (size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))";
+const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 lower-case letters, digits and '-', \
+     starting with a letter and ending with a letter or digit (it names the job's Service, pods and output folder)";
+
 /// A distributed training job: parameter servers and MPI worker groups working in tandem.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -40,6 +48,7 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.progress.accuracy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[kube(validation = Rule::new(NAME_RULE).message(NAME_MESSAGE))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.workers.minGroups <= self.workers.groups && self.workers.groups <= self.workers.maxGroups").message("workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.parameterServers.replicas == 0").message("algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd"))]

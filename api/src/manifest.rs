@@ -38,6 +38,11 @@ pub fn parse(text: &str) -> Result<TrainingJob, ManifestError> {
     let object: Value = serde_yaml::from_str(text)
         .map_err(|e| ManifestError::one(format!("the manifest is not valid YAML: {e}")))?;
     let object = admit(object)?;
+    if object.pointer("/metadata/name").and_then(Value::as_str).is_none_or(str::is_empty) {
+        return Err(ManifestError::one(
+            "metadata.name: Required value: name the job (it names its output folder and pods)".to_owned(),
+        ));
+    }
     serde_json::from_value(object)
         .map_err(|e| ManifestError::one(format!("the manifest does not decode as a TrainingJob: {e}")))
 }
