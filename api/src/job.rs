@@ -60,11 +60,13 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("self.data.source != 'path' || (has(self.data.path) && self.data.path != '')").message("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read"))]
 #[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
 #[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
+#[x_kube(validation = Rule::new("self.workers.maxGroups * self.workers.groupSize <= 4096").message("workers.maxGroups × workers.groupSize is the most worker pods the job may run and must not exceed 4096; lower workers.maxGroups (and workers.groups) or workers.groupSize"))]
 #[x_kube(validation = Rule::new("self.workers.backend == oldSelf.workers.backend").message("workers.backend cannot change on a running job; delete and recreate it"))]
 #[x_kube(validation = Rule::new("self.training.algorithm == oldSelf.training.algorithm").message("training.algorithm cannot change on a running job; delete and recreate it"))]
 pub struct TrainingJobSpec {
     /// Container image that runs every role (`tandem ps`, `tandem worker`, `tandem launcher`).
     #[serde(default = "default_image")]
+    #[x_kube(validation = Rule::new("self != ''").message("image must name the container image that runs every role, for example tandem-trainer:0.1"))]
     pub image: String,
     /// The model to train.
     #[serde(default)]
