@@ -9,6 +9,8 @@
 //! Guarantees: pure functions of the spec (and the data size); [`JobPlan::resolve`] refuses a job
 //! that cannot take a single step with an error that says what to change.
 
+pub mod memory;
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
