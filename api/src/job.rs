@@ -21,8 +21,7 @@ pub const VERSION: &str = "v1alpha1";
 /// A job's name names its headless Service (a DNS-1035 label), prefixes its pods' host names and
 /// is the local runner's output folder (`out/<name>`), so it is checked as the API server checks a
 /// Service's name; `../../victim` is refused. (The API server itself only refuses `/` and `..`.)
-const NAME_RULE: &str =
-    "!has(self.metadata.name) || (size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))";
+const NAME_RULE: &str = "!has(self.metadata.name) || (size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))";
 const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 lower-case letters, digits and '-', \
      starting with a letter and ending with a letter or digit (it names the job's Service, pods and output folder)";
 
@@ -800,7 +799,8 @@ impl TrainingJobSpec {
     /// for callers that have no API server (the local runner) or must not trust one (the
     /// operator). Transition rules (`oldSelf`) do not apply here.
     pub fn validate(&self) -> Result<(), SpecError> {
-        let spec = serde_json::to_value(self).map_err(|e| SpecError(format!("the spec does not serialise: {e}")))?;
+        let spec =
+            serde_json::to_value(self).map_err(|e| SpecError(format!("the spec does not serialise: {e}")))?;
         let object = serde_json::json!({
             "apiVersion": format!("{GROUP}/{VERSION}"),
             "kind": "TrainingJob",

@@ -122,7 +122,9 @@ fn structural(schema: &Value, value: &mut Value, path: &str, out: &mut Vec<Strin
     }
     if flag("x-kubernetes-int-or-string") {
         if !(value.is_string() || value.is_i64() || value.is_u64()) {
-            out.push(format!("{path}: Invalid value: {value}: {path} in body must be an integer or a string"));
+            out.push(format!(
+                "{path}: Invalid value: {value}: {path} in body must be an integer or a string"
+            ));
         }
         return;
     }
@@ -166,7 +168,9 @@ fn structural(schema: &Value, value: &mut Value, path: &str, out: &mut Vec<Strin
         if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
             && n > max
         {
-            out.push(format!("{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"));
+            out.push(format!(
+                "{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"
+            ));
         }
     }
     let bound = |name: &str| schema.get(name).and_then(Value::as_u64);
@@ -176,7 +180,9 @@ fn structural(schema: &Value, value: &mut Value, path: &str, out: &mut Vec<Strin
             if let Some(min) = bound("minLength")
                 && len < min
             {
-                out.push(format!("{path}: Invalid value: {value}: {path} in body should be at least {min} chars long"));
+                out.push(format!(
+                    "{path}: Invalid value: {value}: {path} in body should be at least {min} chars long"
+                ));
             } else if let Some(max) = bound("maxLength")
                 && len > max
             {
@@ -193,7 +199,9 @@ fn structural(schema: &Value, value: &mut Value, path: &str, out: &mut Vec<Strin
             if let Some(min) = bound("minItems")
                 && len < min
             {
-                out.push(format!("{path}: Invalid value: {len}: {path} in body should have at least {min} items"));
+                out.push(format!(
+                    "{path}: Invalid value: {len}: {path} in body should have at least {min} items"
+                ));
             }
             if let Some(item) = schema.get("items") {
                 for (i, v) in items.iter_mut().enumerate() {
@@ -204,7 +212,8 @@ fn structural(schema: &Value, value: &mut Value, path: &str, out: &mut Vec<Strin
         Value::Object(fields) => {
             let properties = schema.get("properties").and_then(Value::as_object);
             let extra = schema.get("additionalProperties").filter(|v| v.is_object());
-            let open = flag("x-kubernetes-preserve-unknown-fields") || (properties.is_none() && extra.is_none());
+            let open =
+                flag("x-kubernetes-preserve-unknown-fields") || (properties.is_none() && extra.is_none());
             for required in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
                 if let Some(key) = required.as_str()
                     && !fields.contains_key(key)

@@ -62,7 +62,8 @@ fn every_example_is_accepted() {
 fn local_validation_agrees_with_the_crd() {
     for (path, text) in common::invalid_fixtures() {
         let expected = common::expected_message(&path, &text);
-        let err = tandem_api::manifest::parse(&text).expect_err(&format!("{} should be invalid", path.display()));
+        let err =
+            tandem_api::manifest::parse(&text).expect_err(&format!("{} should be invalid", path.display()));
         assert!(
             err.to_string().contains(&expected),
             "{}: local check said {err:?}, CRD says {expected:?}",

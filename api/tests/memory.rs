@@ -17,7 +17,8 @@ fn estimate(spec_yaml: &str) -> MemoryEstimate {
 
 #[test]
 fn three_layers_of_65536_are_refused_naming_model_hidden() {
-    let e = estimate("  model: {hidden: [65536, 65536, 65536]}\n  training: {algorithm: allreduce, steps: 10}\n");
+    let e =
+        estimate("  model: {hidden: [65536, 65536, 65536]}\n  training: {algorithm: allreduce, steps: 10}\n");
     // 784·65536 + 2·65536² + 65536·10 weights, and the biases: 8.6 G parameters.
     assert!(e.parameters > 8_500_000_000 && e.parameters < 8_700_000_000, "{}", e.parameters);
     let err = e.check(e.worker_bytes, 24 * GIB).expect_err("8.6 G parameters do not fit in 24 GiB");

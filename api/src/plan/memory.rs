@@ -93,7 +93,9 @@ impl MemoryEstimate {
                 let per_sample = (data.channels.saturating_mul(h).saturating_mul(w))
                     .saturating_mul(KERNEL * KERNEL)
                     .saturating_add(c1.saturating_mul(h).saturating_mul(w))
-                    .saturating_add(c1.saturating_mul(h / 2).saturating_mul(w / 2).saturating_mul(KERNEL * KERNEL))
+                    .saturating_add(
+                        c1.saturating_mul(h / 2).saturating_mul(w / 2).saturating_mul(KERNEL * KERNEL),
+                    )
                     .saturating_add(c2.saturating_mul(h / 2).saturating_mul(w / 2));
                 (convs.saturating_add(head), head_act.saturating_add(batch.saturating_mul(per_sample)))
             }
@@ -110,11 +112,8 @@ impl MemoryEstimate {
             .saturating_mul(3 + moments)
             .saturating_add(activations.saturating_mul(F32).saturating_mul(3))
             .saturating_add(data_bytes);
-        let ps_bytes = if spec.parameter_servers.replicas == 0 {
-            0
-        } else {
-            param_bytes.saturating_mul(2 + moments)
-        };
+        let ps_bytes =
+            if spec.parameter_servers.replicas == 0 { 0 } else { param_bytes.saturating_mul(2 + moments) };
         let workers = (u64::from(spec.workers.groups) * u64::from(spec.workers.group_size)).max(1);
         let mut drivers = format!(
             "model.kind {}, model.hidden {:?}",
