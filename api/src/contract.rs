@@ -182,7 +182,7 @@ pub struct JobConfig {
     pub job_name: String,
     /// Namespace (`local` for the local runner).
     pub namespace: String,
-    /// The job's spec, defaults applied.
+    /// The job's spec, defaults applied, without the pod templates (which stay on the pods).
     pub spec: TrainingJobSpec,
     /// Parameter-server endpoints, by shard index.
     pub parameter_servers: Vec<Endpoint>,
@@ -203,7 +203,7 @@ impl JobConfig {
         JobConfig {
             job_name: job_name.to_owned(),
             namespace: namespace.to_owned(),
-            spec: spec.clone(),
+            spec: without_templates(spec),
             parameter_servers: (0..spec.parameter_servers.replicas)
                 .map(|index| endpoint(Role::Ps { index }))
                 .collect(),
@@ -233,6 +233,16 @@ impl JobConfig {
     pub fn group(&self, group: u32) -> Option<&GroupTopology> {
         self.groups.iter().find(|g| g.index == group)
     }
+}
+
+/// The spec as processes read it, without the pod templates: what a user put into a template's
+/// env is meant for the pods, not for a ConfigMap that whoever may read ConfigMaps in the
+/// namespace reads (a Secret referenced from a template stays a reference in the pod itself).
+fn without_templates(spec: &TrainingJobSpec) -> TrainingJobSpec {
+    let mut spec = spec.clone();
+    spec.parameter_servers.template = None;
+    spec.workers.template = None;
+    spec
 }
 
 /// The per-process part of the contract, carried in environment variables.

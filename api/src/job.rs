@@ -4,8 +4,8 @@
 //! Guarantees: every field has a default or is required, so a manifest that the API server accepts
 //! is complete; cross-field constraints live in CEL rules (`x-kubernetes-validations`) on
 //! [`TrainingJobSpec`], each with a message that says what is wrong and how to fix it. The same
-//! rules are checked in-process by the tests, and [`TrainingJobSpec::validate`] mirrors them for
-//! the local runner, which has no API server.
+//! rules are evaluated in-process by [`crate::manifest`] for the local runner, which has no API
+//! server, and by [`TrainingJobSpec::validate`].
 
 use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -17,6 +17,13 @@ use serde::{Deserialize, Serialize};
 pub const GROUP: &str = "tandem.dev";
 /// API version of [`TrainingJob`].
 pub const VERSION: &str = "v1alpha1";
+
+/// A job's name names its headless Service (a DNS-1035 label), prefixes its pods' host names and
+/// is the local runner's output folder (`out/<name>`), so it is checked as the API server checks a
+/// Service's name; `../../victim` is refused. (The API server itself only refuses `/` and `..`.)
+const NAME_RULE: &str = "!has(self.metadata.name) || (size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))";
+const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 lower-case letters, digits and '-', \
+     starting with a letter and ending with a letter or digit (it names the job's Service, pods and output folder)";
 
 /// A distributed training job: parameter servers and MPI worker groups working in tandem.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -40,6 +47,7 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.progress.accuracy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[kube(validation = Rule::new(NAME_RULE).message(NAME_MESSAGE))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.workers.minGroups <= self.workers.groups && self.workers.groups <= self.workers.maxGroups").message("workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.parameterServers.replicas == 0").message("algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd"))]
@@ -51,11 +59,13 @@ pub const VERSION: &str = "v1alpha1";
 #[x_kube(validation = Rule::new("self.data.source != 'path' || (has(self.data.path) && self.data.path != '')").message("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read"))]
 #[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
 #[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
+#[x_kube(validation = Rule::new("self.workers.maxGroups * self.workers.groupSize <= 4096").message("workers.maxGroups × workers.groupSize is the most worker pods the job may run and must not exceed 4096; lower workers.maxGroups (and workers.groups) or workers.groupSize"))]
 #[x_kube(validation = Rule::new("self.workers.backend == oldSelf.workers.backend").message("workers.backend cannot change on a running job; delete and recreate it"))]
 #[x_kube(validation = Rule::new("self.training.algorithm == oldSelf.training.algorithm").message("training.algorithm cannot change on a running job; delete and recreate it"))]
 pub struct TrainingJobSpec {
     /// Container image that runs every role (`tandem ps`, `tandem worker`, `tandem launcher`).
     #[serde(default = "default_image")]
+    #[x_kube(validation = Rule::new("self != ''").message("image must name the container image that runs every role, for example tandem-trainer:0.1"))]
     pub image: String,
     /// The model to train.
     #[serde(default)]
@@ -785,88 +795,18 @@ pub struct Progress {
 pub struct SpecError(pub String);
 
 impl TrainingJobSpec {
-    /// Checks the cross-field rules that the API server enforces through CEL, for callers that
-    /// have no API server (the local runner). Transition rules (`oldSelf`) do not apply here.
+    /// Checks the spec against the CRD's generated schema and CEL rules (see [`crate::manifest`]),
+    /// for callers that have no API server (the local runner) or must not trust one (the
+    /// operator). Transition rules (`oldSelf`) do not apply here.
     pub fn validate(&self) -> Result<(), SpecError> {
-        let w = &self.workers;
-        let t = &self.training;
-        let ps = self.parameter_servers.replicas;
-        let fail = |m: &str| Err(SpecError(m.to_owned()));
-        if w.min_groups > w.max_groups {
-            return fail("workers.minGroups must not exceed workers.maxGroups");
-        }
-        if w.groups < w.min_groups || w.groups > w.max_groups {
-            return fail(
-                "workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups",
-            );
-        }
-        match t.algorithm {
-            Algorithm::Allreduce if ps != 0 => {
-                return fail(
-                    "algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd",
-                );
-            }
-            Algorithm::Allreduce if w.groups != 1 => {
-                return fail(
-                    "algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid",
-                );
-            }
-            a if a.uses_parameter_server() && ps == 0 => {
-                return fail(
-                    "algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1",
-                );
-            }
-            _ => {}
-        }
-        if t.steps.is_some() == t.epochs.is_some() {
-            return fail("set exactly one of training.steps and training.epochs");
-        }
-        if t.algorithm == Algorithm::Easgd {
-            if t.easgd.tau < 1 {
-                return fail(
-                    "algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)",
-                );
-            }
-            if !(t.easgd.alpha > 0.0 && t.easgd.alpha <= 1.0) {
-                return fail("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]");
-            }
-        }
-        if self.data.source == DataSource::Path && self.data.path.as_deref().is_none_or(str::is_empty) {
-            return fail("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read");
-        }
-        if self.network.transport == Transport::Infiniband && w.backend != Backend::Mpi {
-            return fail(
-                "network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA",
-            );
-        }
-        if w.backend == Backend::Mpi && w.min_groups != w.max_groups && ps == 0 {
-            return fail(
-                "elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go",
-            );
-        }
-        let m = &self.model;
-        if !m.hidden.iter().all(|w| (1..=65536).contains(w)) {
-            return fail("model.hidden widths must lie in [1, 65536]");
-        }
-        if m.channels.len() != 2 || !m.channels.iter().all(|c| (1..=1024).contains(c)) {
-            return fail("model.channels needs exactly two values in [1, 1024], one per convolution block");
-        }
-        let lr = t.optimizer.learning_rate;
-        if !(lr > 0.0 && lr <= 10.0) {
-            return fail("training.optimizer.learningRate must lie in (0, 10]");
-        }
-        if !(0.0..1.0).contains(&t.optimizer.momentum) {
-            return fail("training.optimizer.momentum must lie in [0, 1)");
-        }
-        if !(0.0..1.0).contains(&t.optimizer.weight_decay) {
-            return fail("training.optimizer.weightDecay must lie in [0, 1)");
-        }
-        if t.optimizer.schedule.kind == ScheduleKind::Step && t.optimizer.schedule.step_size < 1 {
-            return fail("schedule kind step needs stepSize >= 1");
-        }
-        if self.run_policy.scheduling.queue.is_some() && !self.run_policy.scheduling.gang {
-            return fail("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true");
-        }
-        Ok(())
+        let spec =
+            serde_json::to_value(self).map_err(|e| SpecError(format!("the spec does not serialise: {e}")))?;
+        let object = serde_json::json!({
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": "TrainingJob",
+            "metadata": {},
+            "spec": spec,
+        });
+        crate::manifest::admit(object).map(drop).map_err(|e| SpecError(e.to_string()))
     }
 }

@@ -7,9 +7,11 @@
 
 pub mod contract;
 pub mod job;
+pub mod manifest;
 pub mod plan;
 pub mod policy;
 
 pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine};
 pub use job::*;
+pub use manifest::ManifestError;
 pub use plan::{JobPlan, PlanError, PsMode};

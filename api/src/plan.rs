@@ -9,6 +9,8 @@
 //! Guarantees: pure functions of the spec (and the data size); [`JobPlan::resolve`] refuses a job
 //! that cannot take a single step with an error that says what to change.
 
+pub mod memory;
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -100,6 +102,9 @@ pub enum PlanError {
     /// Neither or both of `training.steps` and `training.epochs`.
     #[error("set exactly one of training.steps and training.epochs")]
     Length,
+    /// `data.batchSize: 0` (the CRD's schema refuses it; a spec built in code may not have passed it).
+    #[error("data.batchSize is 0: set it to at least 1 sample per rank per step")]
+    ZeroBatch,
     /// Fewer samples than one step of every rank takes.
     #[error(
         "{samples} training samples over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
@@ -123,7 +128,10 @@ impl JobPlan {
         let world = (u64::from(spec.workers.groups) * u64::from(spec.workers.group_size)).max(1);
         let batch = u64::from(spec.data.batch_size);
         let per_rank = train_samples / world;
-        if batch == 0 || per_rank < batch {
+        if batch == 0 {
+            return Err(PlanError::ZeroBatch);
+        }
+        if per_rank < batch {
             return Err(PlanError::TooFewSamples { samples: train_samples, world, per_rank, batch });
         }
         let steps_per_epoch = per_rank / batch;
@@ -196,6 +204,9 @@ mod tests {
         let err = JobPlan::resolve(&job, 200).unwrap_err();
         assert_eq!(err, PlanError::TooFewSamples { samples: 200, world: 4, per_rank: 50, batch: 64 });
         assert!(err.to_string().contains("lower data.batchSize"), "{err}");
+        let zero = spec("data: {batchSize: 0}\ntraining: {epochs: 1}");
+        assert_eq!(JobPlan::resolve(&zero, 1000), Err(PlanError::ZeroBatch));
+        assert!(!PlanError::ZeroBatch.to_string().contains("lower"), "a zero batch is raised, not lowered");
         let both = spec("training: {epochs: 1, steps: 3}");
         assert_eq!(JobPlan::resolve(&both, 1000), Err(PlanError::Length));
     }

@@ -62,13 +62,12 @@ fn every_example_is_accepted() {
 fn local_validation_agrees_with_the_crd() {
     for (path, text) in common::invalid_fixtures() {
         let expected = common::expected_message(&path, &text);
-        let job: TrainingJob = serde_yaml::from_str(&text).expect("fixture parses");
-        let err = job.spec.validate().expect_err(&format!("{} should be invalid", path.display()));
+        let err =
+            tandem_api::manifest::parse(&text).expect_err(&format!("{} should be invalid", path.display()));
         assert!(
-            err.0.contains(&expected),
-            "{}: local check said {:?}, CRD says {expected:?}",
+            err.to_string().contains(&expected),
+            "{}: local check said {err:?}, CRD says {expected:?}",
             path.display(),
-            err.0
         );
     }
     for (path, text) in common::examples() {

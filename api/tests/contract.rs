@@ -112,3 +112,34 @@ fn defaults_apply_when_optional_variables_are_unset() {
     assert_eq!(launch.attempt, 0);
     assert_eq!(launch.bind, "0.0.0.0");
 }
+
+/// `job.json` is a ConfigMap that anyone who may read ConfigMaps in the namespace reads: the pod
+/// templates (whose env may carry values a user meant for the pods only) stay out of it.
+#[test]
+fn job_config_leaves_the_pod_templates_out() {
+    let text = "apiVersion: tandem.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: env}\nspec:
+  training: {steps: 10}
+  parameterServers:
+    replicas: 1
+    template: {spec: {containers: [{name: tandem, env: [{name: DB_PASSWORD, value: ps-hunter2}]}]}}
+  workers:
+    template:
+      spec:
+        containers:
+        - name: tandem
+          env:
+          - {name: DB_PASSWORD, value: worker-hunter2}
+          - name: FROM_SECRET
+            valueFrom: {secretKeyRef: {name: creds, key: k}}
+";
+    let job: TrainingJob = serde_yaml::from_str(text).expect("job parses");
+    let config = JobConfig::of_spec("env", "team-a", &job.spec, |_| Endpoint::new("h", 1));
+    let json = config.to_json();
+    for leaked in ["hunter2", "DB_PASSWORD", "creds"] {
+        assert!(!json.contains(leaked), "job.json carries {leaked:?}: {json}");
+    }
+    assert!(config.spec.workers.template.is_none() && config.spec.parameter_servers.template.is_none());
+    // Everything the trainer reads is still there.
+    assert_eq!(config.spec.training.steps, Some(10));
+    assert_eq!(config.parameter_servers.len(), 1);
+}

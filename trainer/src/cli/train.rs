@@ -15,7 +15,6 @@ use anyhow::{Context, bail};
 use tandem::compute::data;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
-use tandem_api::TrainingJob;
 
 /// How progress is reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -57,10 +56,10 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let job: TrainingJob = serde_yaml::from_str(&text)
+    // The CRD's own schema and CEL rules: refused here exactly when `kubectl apply` would refuse it.
+    let job = tandem_api::manifest::parse(&text)
         .with_context(|| format!("{} is not a valid TrainingJob manifest", args.file.display()))?;
     let spec = &job.spec;
-    spec.validate().with_context(|| format!("{}", args.file.display()))?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".to_owned());
     if tandem::runner::needs_runner(spec) {
         return run_local(&args, &name, spec);

@@ -90,3 +90,36 @@ fn bad_manifests_are_refused_with_the_reason() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid TrainingJob"));
 }
+
+/// The local runner applies the CRD's own schema: what `kubectl apply` refuses is refused here
+/// before anything trains, with the API server's wording.
+#[test]
+fn manifests_the_api_server_refuses_are_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    let cases = [
+        (
+            JOB.replace("learningRate: 0.1", "learningrate: 0.1"),
+            "unknown field \"spec.training.optimizer.learningrate\"",
+        ),
+        (
+            JOB.replace("epochs: 3", "epochs: 0"),
+            "spec.training.epochs in body should be greater than or equal to 1",
+        ),
+        (JOB.replace("kind: TrainingJob", "kind: Pod"), "this is not a TrainingJob"),
+        (
+            JOB.replace("hidden: [32]", "hidden: [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]"),
+            "must have at most 16 items",
+        ),
+    ];
+    for (manifest, expected) in cases {
+        std::fs::write(&job, &manifest).unwrap();
+        let out_dir = dir.path().join("out");
+        let out =
+            tandem().args(["train", "-f"]).arg(&job).arg("--output-dir").arg(&out_dir).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{expected}: trained anyway");
+        assert!(err.contains(expected), "expected {expected:?} in {err}");
+        assert!(!out_dir.exists(), "{expected}: wrote {}", out_dir.display());
+    }
+}
