@@ -4,7 +4,7 @@
 //! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
 //! join, pull the current weights, allgather them, so a group that joins late starts from the
 //! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
-//! [`crate::compute::train::Trainer::step`] with this step every iteration.
+//! [`crate::compute::train::Trainer::run`] (or [`crate::compute::train::Trainer::step`]) with this step.
 //!
 //! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
 //! from its clock on joining (the shards' update count, which every member group has reached,
@@ -34,7 +34,8 @@ use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError};
 use crate::ps::client::{ClientError, PsClient};
-use crate::ps::wire::Peer;
+use crate::ps::wire::{Peer, Progress};
+use tandem_api::contract::GroupReport;
 use tandem_api::PsMode;
 
 /// A group rank's link to the PS, as a [`GradientStep`].
@@ -95,22 +96,6 @@ impl<C: Communicator> PsStep<C> {
     pub fn start_step(&self) -> u64 {
         self.start_step
     }
-
-    /// The group's communicator (for collectives outside the step, e.g. averaging the loss).
-    pub fn comm(&mut self) -> &mut C {
-        &mut self.comm
-    }
-
-    /// The PS client (for progress reports and status).
-    pub fn client(&mut self) -> &mut PsClient {
-        &mut self.client
-    }
-
-    /// Leaves the PS membership (at a step boundary) and returns the communicator.
-    pub fn leave(mut self) -> Result<C, TrainError> {
-        self.client.leave().map_err(ps_err)?;
-        Ok(self.comm)
-    }
 }
 
 impl<C: Communicator> GradientStep for PsStep<C> {
@@ -161,6 +146,29 @@ impl<C: Communicator> GradientStep for PsStep<C> {
     fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
         // The group's ranks share it; the parameter servers do not hold it (see `worker::run`).
         self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
+    }
+
+    fn leader(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    fn sum_over_group(&mut self, sums: &mut [f32]) -> Result<(), TrainError> {
+        self.comm.allreduce(sums, ReduceOp::Sum).map_err(super::collective)
+    }
+
+    fn report(&mut self, r: &GroupReport) -> Result<(), TrainError> {
+        let progress = Progress {
+            step: r.step,
+            loss: r.loss.map(|l| l as f32),
+            accuracy: r.accuracy.map(|a| a as f32),
+            samples: r.samples,
+            epoch: u32::try_from(r.epoch).unwrap_or(u32::MAX),
+        };
+        self.client.report(progress).map_err(ps_err)
+    }
+
+    fn finish(&mut self) -> Result<(), TrainError> {
+        self.client.leave().map_err(ps_err)
     }
 
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {
