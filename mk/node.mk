@@ -2,7 +2,7 @@
 # node (containerd, runc, CNI bridge, kubelet, kube-scheduler, kube-proxy, CoreDNS, local-path storage)
 # beside the test control plane, and the end-to-end tests in real containers. Scripts: scripts/node/.
 
-.PHONY: images node-bins node-up node-down e2e-node
+.PHONY: images image-bases node-deps node-bins node-up node-down e2e-node
 
 TEST_TARGETS += e2e-node
 
@@ -15,9 +15,17 @@ test: export TANDEM_IMAGE_PROFILE ?= dev
 images: deps data
 	@CARGO="$(CARGO)" scripts/node/images.sh
 
-## node-bins: the node's packages (containerd, runc, CNI plugins, podman, buildah) and Go binaries (kubelet, kube-scheduler, kube-proxy, CoreDNS, local-path-provisioner).
-node-bins: cluster-bins
+## image-bases: the base images of `make images` (mmdebstrap, cached under ~/.cache/tandem/images).
+image-bases: node-deps
+	@scripts/node/base.sh
+
+# The node's Debian packages, once per make (node-bins and image-bases both need them; two apt-get
+# runs at once would fight over dpkg's lock).
+node-deps:
 	@scripts/node/deps.sh
+
+## node-bins: the node's packages (containerd, runc, CNI plugins, podman, buildah) and Go binaries (kubelet, kube-scheduler, kube-proxy, CoreDNS, local-path-provisioner).
+node-bins: cluster-bins node-deps
 	@scripts/controlplane/build.sh node
 
 ## node-up: the control plane plus a real node on a bridge inside this machine; its last line is `export KUBECONFIG=<path>` (needs `make images`).
