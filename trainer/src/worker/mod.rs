@@ -28,8 +28,11 @@
 //!   run.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
 //!
-//! Caveats: a model with non-trainable state trains only with `allreduce`; the parameter servers
-//! do not hold such state yet, so a PS job refuses it at start. On Kubernetes rank 0's output folder outlives its pod only on a volume
+//! - Non-trainable model state: averaged over the group's ranks after every step; an
+//!   `allreduce` group keeps it in rank 0's checkpoints, a PS job on shard 0 (the groups' mean,
+//!   see [`ps_step`]).
+//!
+//! Caveats: on Kubernetes rank 0's output folder outlives its pod only on a volume
 //! (`checkpoint.claimName`); with an emptyDir a recreated group starts again from step 0.
 
 pub mod allreduce;
@@ -45,9 +48,9 @@ use crate::comm::{CommError, Communicator};
 use crate::compute::device::Device;
 use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
-use tandem_api::contract::GroupReport;
 use allreduce::AllreduceStep;
 use ps_step::PsStep;
+use tandem_api::contract::GroupReport;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
@@ -179,14 +182,6 @@ pub fn run<C: Communicator>(
             plan.total_steps
         )));
     }
-    if plan.ps_mode.is_some() && !trainer.state().is_empty() {
-        // A group restarted from the servers would start its state afresh: refuse, not drift.
-        return Err(WorkerError::Config(format!(
-            "this model keeps {} values of non-trainable state (e.g. batch-norm statistics), which the \
-             parameter servers do not hold yet; train it with algorithm: allreduce",
-            trainer.state().len()
-        )));
-    }
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
     let mut update = match plan.ps_mode {
@@ -203,7 +198,11 @@ pub fn run<C: Communicator>(
             )
             .run(plan.total_steps, mode);
             let client = PsClient::connect(config)?;
-            Update::Ps(Box::new(PsStep::start(comm, client, &training.optimizer, &mut params)?))
+            let mut step = PsStep::start(comm, client, &training.optimizer, &mut params)?;
+            let mut state = trainer.state().to_vec();
+            step.take_state(&mut state)?;
+            trainer.set_state(&state)?;
+            Update::Ps(Box::new(step))
         }
     };
     trainer.set_params(&params)?;

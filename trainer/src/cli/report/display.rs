@@ -118,14 +118,15 @@ impl Display {
     /// Records the event's points on the curve; writes the curve at `Finished`.
     fn record(&mut self, event: &Event) {
         match *event {
-            Event::Progress { step, loss, accuracy, .. } => self.curve.record_merged(step, loss, accuracy, None),
+            Event::Progress { step, loss, accuracy, .. } => {
+                self.curve.record_merged(step, loss, accuracy, None)
+            }
             Event::Finished { test_accuracy, test_loss, steps, .. } => {
                 self.curve.record_merged(steps, None, Some(test_accuracy), test_loss);
                 match self.curve.write(&self.output, &self.title) {
                     Ok(path) => self.show_curve(&path),
                     Err(e) => {
-                        self.failure =
-                            Some(anyhow!("writing the curve into {}: {e}", self.output.display()))
+                        self.failure = Some(anyhow!("writing the curve into {}: {e}", self.output.display()))
                     }
                 }
             }
