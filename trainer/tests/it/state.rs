@@ -270,7 +270,7 @@ fn the_parameter_servers_hold_the_groups_mean_state_and_keep_it_across_a_restart
     for p in &mut ps {
         assert!(p.terminate().success(), "SIGTERM is a clean stop:\n{}", p.log_text());
     }
-    let ps = vec![psj.spawn_ps(0, ps[0].port()), psj.spawn_ps(1, ps[1].port())];
+    let ps = [psj.spawn_ps(0, ps[0].port()), psj.spawn_ps(1, ps[1].port())];
     let (resumed, _) = ps_group(&servers, 0, 1, 1);
     assert_eq!(resumed, mean, "the state survived the PS restart:\n{}", ps[0].log_text());
 }
