@@ -1,27 +1,29 @@
 //! `tandem train -f job.yaml`: trains a TrainingJob manifest on this machine, in this process.
 //!
 //! Single-process jobs (one group of one rank, no parameter server) train here; jobs of more
-//! processes run through the local runner ([`tandem::runner`]). Progress goes to a bar on a
-//! terminal, or one JSON object per line with `--output json`; either way the training curve
-//! (`curve.svg`, `curve.csv`; for a multi-process job the merged progress and the final
-//! evaluation) is written into the job's output folder and its path printed at the end.
+//! processes run through the local runner ([`tandem::runner`]). Either way progress goes through
+//! one front-end ([`crate::cli::report::display`]), as the runner's events: a bar on a terminal,
+//! or one JSON object per line with `--output json`; and the training curve (`curve.svg`,
+//! `curve.csv`: the merged progress and the final evaluation) is written into the job's output
+//! folder and its path printed at the end.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use super::DeviceArg;
-use crate::cli::report::curve::Curve;
+use crate::cli::report::display::Display;
 use anyhow::{Context, bail};
 use tandem::compute::data;
 use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{Event, LocalStep, RunOptions, Trainer};
+use tandem::compute::train::{Cadence, LocalStep, Trainer};
+use tandem::runner::Event;
+use tandem::runner::progress::Merged;
 
 /// How progress is reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     /// A progress bar on a terminal, lines otherwise, and a summary.
     Text,
-    /// One JSON object per line; the last is `{"event":"finished",…}`.
+    /// One JSON object per line (the runner's events); the last is `{"event":"finished",…}`.
     Json,
 }
 
@@ -75,89 +77,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let data = data::load(&spec.data, &args.data_dir, spec.training.seed)?;
     let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
-    let out_dir = args.output_dir.unwrap_or_else(|| PathBuf::from("out").join(&name));
+    let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("out").join(&name));
     let ckpt_dir = out_dir.join("checkpoints");
+    let title = format!("{name}: {} on {:?}", model_label(spec), spec.data.source);
+    let mut display = Display::new(&name, args.output == Output::Json, title, out_dir.clone());
     if args.resume
         && let Some(path) = tandem::compute::checkpoint::latest(&ckpt_dir)?
     {
         trainer.resume(&mut update, &path)?;
-        if args.output == Output::Text {
-            eprintln!("resumed from {} at step {}", path.display(), trainer.step_count());
-        }
+        display.note(&format!("resumed from {} at step {}", path.display(), trainer.step_count()));
     }
-
-    let json = args.output == Output::Json;
-    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
-        let bar = indicatif::ProgressBar::new(trainer.total_steps());
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} steps {elapsed_precise} eta {eta} {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar.set_position(trainer.step_count());
-        bar
+    // The one front-end: this process is group 0 of a job of one, its reports merged and shown
+    // as the runner shows a job of many.
+    display.show(&Event::Started {
+        job: name.clone(),
+        processes: 1,
+        total_steps: trainer.total_steps(),
+        output: out_dir.display().to_string(),
     });
-    let mut curve = Curve::default();
-    let mut failure: Option<anyhow::Error> = None;
-    let mut stdout = std::io::stdout().lock();
-    let title = format!("{name}: {} on {:?}", model_label(spec), spec.data.source);
-    let opts = RunOptions { checkpoint_dir: Some(ckpt_dir), keep_checkpoints: 3, log_every: 0 };
-    let mut last_test = None;
-    trainer.run(&mut update, &opts, &mut |event: &Event| {
-        curve.record(event);
-        let mut emit = |e: &serde_json::Value| {
-            if json {
-                let _ = writeln!(stdout, "{e}");
-            }
-        };
-        match event {
-            Event::Finished { .. } => match curve.write(&out_dir, &title) {
-                Ok(path) => {
-                    emit(&serde_json::json!({"event": "curve", "path": path.display().to_string()}));
-                    if !json {
-                        eprintln!("training curve written to {}", path.display());
-                    }
-                }
-                Err(e) => {
-                    failure = Some(anyhow::anyhow!("writing the curve into {}: {e}", out_dir.display()))
-                }
-            },
-            Event::Train { step, loss, .. } => {
-                if let Some(bar) = &bar {
-                    bar.set_position(*step);
-                    let acc = last_test.map(|a: f64| format!(" test acc {a:.4}")).unwrap_or_default();
-                    bar.set_message(format!("loss {loss:.4}{acc}"));
-                }
-            }
-            Event::Eval { step, test_loss, test_accuracy } => {
-                last_test = Some(*test_accuracy);
-                if bar.is_none() && !json {
-                    eprintln!("step {step}: test loss {test_loss:.4}, test accuracy {test_accuracy:.4}");
-                }
-            }
-            _ => {}
-        }
-        if json && let Ok(v) = serde_json::to_value(event) {
-            emit(&v);
-        }
-        if !json
-            && let Event::Finished { test_accuracy, test_loss, steps, samples_per_second, wall_seconds } =
-                event
-        {
-            if let Some(bar) = &bar {
-                bar.finish_and_clear();
-            }
-            println!(
-                "{name}: test accuracy {test_accuracy:.4}, test loss {test_loss:.4} after {steps} steps; \
-                 {samples_per_second:.0} samples/s, {wall_seconds:.1} s"
-            );
-        }
-    })?;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let mut merged = Merged::default();
+    let cadence = Cadence::of(spec, Some(ckpt_dir));
+    let summary = trainer.run(&mut update, &cadence, &mut |r| display.show(&merged.report(0, r)))?;
+    display.show(&Event::Finished {
+        test_accuracy: summary.evaluation.accuracy,
+        test_loss: Some(summary.evaluation.loss),
+        steps: summary.steps,
+        samples_per_second: summary.samples_per_second,
+        wall_seconds: summary.wall_seconds,
+        restarts: 0,
+    });
+    display.finish()
 }
 
 fn model_label(spec: &tandem_api::TrainingJobSpec) -> String {
@@ -189,9 +138,6 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         chaos: args.chaos.clone(),
         resume: args.resume,
     };
-    let mut display = crate::cli::report::display::Display::new(name, args.output == Output::Json);
-    // The merged progress is the job's training curve, written when it finishes.
-    let mut curve = Curve::default();
     let title = format!(
         "{name}: {} on {:?}, {:?}, {} group(s) of {}, {} PS",
         model_label(spec),
@@ -201,29 +147,8 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         spec.workers.group_size,
         spec.parameter_servers.replicas
     );
-    let mut failure: Option<anyhow::Error> = None;
-    tandem::runner::run(&opts, &mut |event| {
-        match event {
-            tandem::runner::Event::Progress { step, loss, accuracy, .. } => {
-                curve.record_merged(*step, *loss, *accuracy, None)
-            }
-            tandem::runner::Event::Finished { test_accuracy, test_loss, steps, .. } => {
-                curve.record_merged(*steps, None, Some(*test_accuracy), *test_loss);
-                match curve.write(&opts.output, &title) {
-                    Ok(path) => display.curve(&path),
-                    Err(e) => {
-                        failure =
-                            Some(anyhow::anyhow!("writing the curve into {}: {e}", opts.output.display()))
-                    }
-                }
-            }
-            _ => {}
-        }
-        display.show(event)
-    })
-    .with_context(|| format!("{}: {name}", args.file.display()))?;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let mut display = Display::new(name, args.output == Output::Json, title, opts.output.clone());
+    tandem::runner::run(&opts, &mut |event| display.show(event))
+        .with_context(|| format!("{}: {name}", args.file.display()))?;
+    display.finish()
 }

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use tandem::comm::Communicator;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
-use tandem_api::contract::{GroupReport, Role, WorkerLine};
+use tandem_api::contract::{Role, WorkerLine};
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -83,14 +83,7 @@ fn train<C: Communicator>(
     comm: C,
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
-    let summary = worker::run(job, place, token, &args.data_dir, device, comm, |p| {
-        let progress = GroupReport {
-            step: p.step,
-            loss: p.loss.map(f64::from),
-            accuracy: p.accuracy.map(f64::from),
-            samples: p.samples,
-            epoch: u64::from(p.epoch),
-        };
+    let summary = worker::run(job, place, token, &args.data_dir, device, comm, |&progress| {
         println!("{}", WorkerLine::Progress { group, progress }.to_line());
     })
     .with_context(|| format!("worker {group}/{rank}"))?;

@@ -6,6 +6,12 @@
 //! Expected flow: [`Trainer::new`] → optionally [`Trainer::resume`] → [`Trainer::run`] (or your own
 //! loop of [`Trainer::step`], [`Trainer::evaluate`], [`Trainer::checkpoint`]).
 //!
+//! [`Trainer::run`] is the one training loop of every job, as burn's learner owns its loop: it
+//! owns the cadence ([`Cadence`]: report, evaluate, checkpoint, stop at the job's step count) and
+//! the [`GradientStep`] plugged into it is the variable part — [`LocalStep`] in `tandem train`,
+//! the allreduce and parameter-server steps of `crate::worker` in a group, which also say which
+//! rank leads and how the group sums its report.
+//!
 //! Guarantees: the state that determines the weights is (flat parameters, optimizer state, step, data
 //! cursor, RNG state); a checkpoint holds all of it, so resuming at step k and running to step n gives
 //! bit-for-bit the weights of an uninterrupted run to n (same build, same thread count — candle's CPU
@@ -16,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tandem_api::TrainingJobSpec;
+use tandem_api::contract::GroupReport;
 
 use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
 use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Source, Splits};
@@ -81,6 +88,35 @@ pub trait GradientStep {
     fn sync_state(&mut self, _state: &mut [f32]) -> Result<(), TrainError> {
         Ok(())
     }
+
+    /// Whether this rank evaluates, reports and writes checkpoints: a single process, rank 0 of
+    /// a group.
+    fn leader(&self) -> bool {
+        true
+    }
+
+    /// Sums `sums` (the training loss × samples and the samples since the last report) over the
+    /// group's ranks; a collective at every report step.
+    fn sum_over_group(&mut self, _sums: &mut [f32]) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// Collects what the leader's checkpoint needs from the other ranks (e.g. their blocks of
+    /// the optimizer state) for the whole vector of `len` values; a collective at every
+    /// checkpoint step.
+    fn prepare_checkpoint(&mut self, _len: usize) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// Passes the leader's report on beyond the caller (a PS step tells the servers).
+    fn report(&mut self, _report: &GroupReport) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// The run ended at its last step (a PS step leaves the servers' membership).
+    fn finish(&mut self) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// Single-process training: the optimizer runs here over the whole flat vector.
@@ -144,76 +180,72 @@ pub struct Evaluation {
     pub accuracy: f64,
 }
 
-/// Progress events of [`Trainer::run`], serialised one JSON object per line by `--output json`.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event {
-    /// Training starts (or resumes at `step`).
-    Started {
-        /// Parameters in the model.
-        parameters: usize,
-        /// Steps to run in total.
-        total_steps: u64,
-        /// Batches per epoch on this rank.
-        steps_per_epoch: u64,
-        /// Step training starts from.
-        step: u64,
-        /// Compute device.
-        device: String,
-    },
-    /// Mean training loss and accuracy over the steps since the previous such event.
-    Train {
-        /// Steps completed.
-        step: u64,
-        /// Epoch.
-        epoch: u64,
-        /// Mean training loss.
-        loss: f64,
-        /// Training accuracy.
-        accuracy: f64,
-        /// Learning rate.
-        lr: f64,
-    },
-    /// Test-set evaluation.
-    Eval {
-        /// Steps completed.
-        step: u64,
-        /// Test loss.
-        test_loss: f64,
-        /// Test accuracy.
-        test_accuracy: f64,
-    },
-    /// A checkpoint was written.
-    Checkpoint {
-        /// Steps completed.
-        step: u64,
-        /// Where.
-        path: String,
-    },
-    /// Training finished.
-    Finished {
-        /// Final test accuracy.
-        test_accuracy: f64,
-        /// Final test loss.
-        test_loss: f64,
-        /// Steps completed.
-        steps: u64,
-        /// Training samples per second on this rank (steps run here × batch / training time).
-        samples_per_second: f64,
-        /// Wall time of the run, evaluation and checkpoints included.
-        wall_seconds: f64,
-    },
-}
-
-/// Options of [`Trainer::run`].
+/// When [`Trainer::run`] reports, evaluates and checkpoints: the one cadence of every job, a
+/// single process or a rank of a group.
+///
+/// Rules, at step `k` of `total`:
+/// - report (the mean training loss since the last report) at every `report_every` multiple,
+///   every evaluation step and the last step;
+/// - evaluate on the test set at every `eval_every` multiple and at the last step (on the leader);
+/// - checkpoint into `checkpoint_dir` at every `checkpoint_every` multiple and at the last step
+///   (`checkpoint_every: 0` disables the periodic ones, not the last), keeping the newest
+///   `keep_checkpoints`.
 #[derive(Clone, Debug, Default)]
-pub struct RunOptions {
-    /// Folder for periodic checkpoints; `None` disables them.
+pub struct Cadence {
+    /// Steps between reports; 0 chooses one from the run length (about 100 reports, 1 to 50 steps).
+    pub report_every: u64,
+    /// Steps between evaluations; 0 evaluates only at the end.
+    pub eval_every: u64,
+    /// Steps between checkpoints; 0 writes only the last.
+    pub checkpoint_every: u64,
+    /// Folder for checkpoints; `None` writes none (e.g. the parameter servers keep the state).
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoints kept in the folder (older ones are deleted); 0 keeps all.
     pub keep_checkpoints: usize,
-    /// Emit a [`Event::Train`] every this many steps (0: chosen from the run length).
-    pub log_every: u64,
+}
+
+/// Checkpoints kept by default (`tandem train` and an `allreduce` group's rank 0 alike).
+pub const KEEP_CHECKPOINTS: usize = 3;
+
+impl Cadence {
+    /// The spec's cadence (`evalEverySteps`, `checkpoint.everySteps`) with checkpoints into `dir`.
+    pub fn of(spec: &TrainingJobSpec, checkpoint_dir: Option<PathBuf>) -> Self {
+        Self {
+            report_every: 0,
+            eval_every: spec.training.eval_every_steps,
+            checkpoint_every: spec.training.checkpoint.every_steps,
+            checkpoint_dir,
+            keep_checkpoints: KEEP_CHECKPOINTS,
+        }
+    }
+
+    fn report_every(&self, total: u64) -> u64 {
+        if self.report_every > 0 { self.report_every } else { (total / 100).clamp(1, 50) }
+    }
+
+    fn evaluates_at(&self, k: u64, total: u64) -> bool {
+        k == total || (self.eval_every > 0 && k.is_multiple_of(self.eval_every))
+    }
+
+    fn checkpoints_at(&self, k: u64, total: u64) -> Option<&Path> {
+        let due = k == total || (self.checkpoint_every > 0 && k.is_multiple_of(self.checkpoint_every));
+        self.checkpoint_dir.as_deref().filter(|_| due)
+    }
+}
+
+/// What [`Trainer::run`] returns.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunSummary {
+    /// The step the run ended at (the job's step count).
+    pub steps: u64,
+    /// The step it started from (above 0 after a resume).
+    pub start_step: u64,
+    /// Test-set loss and accuracy of the final model.
+    pub evaluation: Evaluation,
+    /// Training samples per second on this rank (steps run here × batch / training time).
+    pub samples_per_second: f64,
+    /// Wall time of the run, evaluation and checkpoints included.
+    pub wall_seconds: f64,
 }
 
 /// Single-rank training state: model, data, flat buffers, schedule, position.
@@ -227,8 +259,6 @@ pub struct Trainer {
     step: u64,
     total_steps: u64,
     batch_size: usize,
-    eval_every: u64,
-    checkpoint_every: u64,
     config_hash: String,
     x: Vec<f32>,
     y: Vec<u32>,
@@ -286,8 +316,6 @@ impl Trainer {
             step: 0,
             total_steps,
             batch_size,
-            eval_every: t.eval_every_steps,
-            checkpoint_every: t.checkpoint.every_steps,
             config_hash: checkpoint::config_hash(&config),
             x: Vec::new(),
             y: Vec::new(),
@@ -492,71 +520,92 @@ impl Trainer {
         Ok(())
     }
 
-    /// Trains to the last step, evaluating every `evalEverySteps`, checkpointing every
-    /// `checkpoint.everySteps` into `opts.checkpoint_dir`, and reporting through `on_event`.
+    /// Trains to the last step with `update`, reporting, evaluating and checkpointing as
+    /// `cadence` says; the leader ([`GradientStep::leader`]) passes every report to `on_report`
+    /// (and to [`GradientStep::report`]). The cadence's collectives
+    /// ([`GradientStep::sum_over_group`], [`GradientStep::prepare_checkpoint`]) come at the same
+    /// steps on every rank.
     pub fn run(
         &mut self,
         update: &mut dyn GradientStep,
-        opts: &RunOptions,
-        on_event: &mut dyn FnMut(&Event),
-    ) -> Result<Evaluation, TrainError> {
+        cadence: &Cadence,
+        on_report: &mut dyn FnMut(&GroupReport),
+    ) -> Result<RunSummary, TrainError> {
         let started = Instant::now();
-        let mut train_time = 0.0f64;
-        let first_step = self.step;
-        on_event(&Event::Started {
-            parameters: self.model.layout().len(),
-            total_steps: self.total_steps,
-            steps_per_epoch: self.steps_per_epoch(),
-            step: self.step,
-            device: self.model.device().to_string(),
-        });
-        let log_every =
-            if opts.log_every > 0 { opts.log_every } else { (self.total_steps / 100).clamp(1, 50) };
-        let (mut loss_sum, mut correct, mut seen, mut window) = (0.0f64, 0usize, 0usize, 0u64);
-        while self.step < self.total_steps {
+        let (start, total) = (self.step, self.total_steps);
+        let report_every = cadence.report_every(total);
+        // Since the last report: the sum of batch losses × samples, and the samples.
+        let mut window = [0.0f32; 2];
+        let (mut samples, mut train_time) = (0u64, 0.0f64);
+        let mut last_eval = None;
+        while self.step < total {
             let t0 = Instant::now();
             let r = self.step(update)?;
             train_time += t0.elapsed().as_secs_f64();
-            loss_sum += r.batch.loss as f64;
-            correct += r.batch.correct;
-            seen += r.batch.samples;
-            window += 1;
-            if r.step % log_every == 0 || r.step == self.total_steps {
-                on_event(&Event::Train {
-                    step: r.step,
-                    epoch: r.epoch,
-                    loss: loss_sum / window as f64,
-                    accuracy: correct as f64 / seen.max(1) as f64,
-                    lr: r.lr,
-                });
-                (loss_sum, correct, seen, window) = (0.0, 0, 0, 0);
+            window[0] += r.batch.loss * r.batch.samples as f32;
+            window[1] += r.batch.samples as f32;
+            let k = r.step;
+            if let Some(dir) = cadence.checkpoints_at(k, total) {
+                self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
             }
-            if self.eval_every > 0 && r.step % self.eval_every == 0 && r.step < self.total_steps {
-                let e = self.evaluate()?;
-                on_event(&Event::Eval { step: r.step, test_loss: e.loss, test_accuracy: e.accuracy });
+            let evaluate = cadence.evaluates_at(k, total);
+            if !evaluate && !k.is_multiple_of(report_every) {
+                continue;
             }
-            if let Some(dir) = &opts.checkpoint_dir
-                && self.checkpoint_every > 0
-                && (r.step % self.checkpoint_every == 0 || r.step == self.total_steps)
-            {
-                let path = checkpoint::step_path(dir, r.step);
-                self.save(update, &path)?;
-                if opts.keep_checkpoints > 0 {
-                    checkpoint::prune(dir, opts.keep_checkpoints)?;
-                }
-                on_event(&Event::Checkpoint { step: r.step, path: path.display().to_string() });
+            update.sum_over_group(&mut window)?;
+            samples += window[1] as u64;
+            let loss = window[0] / window[1].max(1.0);
+            window = [0.0; 2];
+            if !update.leader() {
+                continue;
             }
+            let test = if evaluate { Some(self.evaluate()?) } else { None };
+            last_eval = test.map(|e| (k, e)).or(last_eval);
+            let report = GroupReport {
+                step: k,
+                loss: Some(f64::from(loss)),
+                accuracy: test.map(|e| e.accuracy),
+                samples,
+                epoch: self.loader.cursor().epoch,
+            };
+            update.report(&report)?;
+            on_report(&report);
         }
-        let e = self.evaluate()?;
-        on_event(&Event::Eval { step: self.step, test_loss: e.loss, test_accuracy: e.accuracy });
-        let samples = (self.step - first_step) as f64 * self.batch_size as f64;
-        on_event(&Event::Finished {
-            test_accuracy: e.accuracy,
-            test_loss: e.loss,
+        let evaluation = match last_eval {
+            Some((k, e)) if k == self.step => e,
+            _ => self.evaluate()?,
+        };
+        update.finish()?;
+        let here = (self.step - start) as f64 * self.batch_size as f64;
+        Ok(RunSummary {
             steps: self.step,
-            samples_per_second: if train_time > 0.0 { samples / train_time } else { 0.0 },
+            start_step: start,
+            evaluation,
+            samples_per_second: if train_time > 0.0 { here / train_time } else { 0.0 },
             wall_seconds: started.elapsed().as_secs_f64(),
-        });
-        Ok(e)
+        })
+    }
+
+    /// Writes the checkpoint of the current step into `dir` and keeps the newest `keep`
+    /// (collective: every rank calls it, [`GradientStep::prepare_checkpoint`] gathers what the
+    /// leader writes).
+    fn write_checkpoint(
+        &self,
+        update: &mut dyn GradientStep,
+        dir: &Path,
+        keep: usize,
+    ) -> Result<(), TrainError> {
+        update.prepare_checkpoint(self.store.params().len())?;
+        if !update.leader() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            TrainError::Config(format!("cannot create {} for checkpoints: {e}", dir.display()))
+        })?;
+        self.save(update, &checkpoint::step_path(dir, self.step))?;
+        if keep > 0 {
+            checkpoint::prune(dir, keep)?;
+        }
+        Ok(())
     }
 }

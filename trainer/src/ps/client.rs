@@ -550,6 +550,27 @@ impl PsClient {
         Self::expect_acks("report", replies, |i| servers.get(i).cloned().unwrap_or_default())
     }
 
+    /// Puts this group's non-trainable model state (rank 0, after a step) on shard 0, which
+    /// holds the mean over the groups.
+    pub fn put_state(&mut self, values: &[f32]) -> Result<(), ClientError> {
+        let reply = self.call_one(0, "put-state", Frame::PutState { values: values.to_vec() })?;
+        let servers = self.config.servers.clone();
+        Self::expect_acks("put-state", vec![(0, reply)], |i| servers.get(i).cloned().unwrap_or_default())
+    }
+
+    /// The model state shard 0 holds: the groups' mean, or empty while no group has put one.
+    pub fn get_state(&mut self) -> Result<Vec<f32>, ClientError> {
+        match self.call_one(0, "get-state", Frame::GetState)? {
+            Frame::ModelState { values } => Ok(values),
+            other => Err(ClientError::Unexpected {
+                index: 0,
+                addr: self.addr(0),
+                op: "get-state",
+                got: other.name(),
+            }),
+        }
+    }
+
     /// Shard `index`'s status as JSON (see `ps::server::state::ShardStatus`).
     pub fn status(&mut self, index: usize) -> Result<serde_json::Value, ClientError> {
         match self.call_one(index, "status", Frame::StatusRequest)? {

@@ -194,6 +194,15 @@ pub enum Frame {
     Report(Progress),
     /// Asks for the shard's status.
     StatusRequest,
+    /// The caller group's non-trainable model state (e.g. batch-norm running statistics), from
+    /// its rank 0 after every step; shard 0 holds the mean over the groups (see
+    /// `ps::server::state`).
+    PutState {
+        /// The whole state vector.
+        values: Vec<f32>,
+    },
+    /// Asks shard 0 for the model state it holds.
+    GetState,
     /// The server's first frame on every connection: the nonce the hello's proof covers.
     Challenge {
         /// Fresh random bytes, one per connection.
@@ -241,6 +250,11 @@ pub enum Frame {
         /// The weights.
         values: Vec<f32>,
     },
+    /// Answer to get-state: the mean of the groups' latest model states (empty while none).
+    ModelState {
+        /// The whole state vector.
+        values: Vec<f32>,
+    },
     /// Answer to a status request: a JSON object (see `ps::server::state::ShardStatus`).
     Status(String),
     /// A refusal.
@@ -265,6 +279,9 @@ impl Frame {
             Frame::Pull { .. } => "pull",
             Frame::Report(_) => "report",
             Frame::StatusRequest => "status-request",
+            Frame::PutState { .. } => "put-state",
+            Frame::GetState => "get-state",
+            Frame::ModelState { .. } => "model-state",
             Frame::Welcome { .. } => "welcome",
             Frame::Joined { .. } => "joined",
             Frame::Left => "left",
@@ -286,6 +303,9 @@ impl Frame {
             Frame::Pull { .. } => 0x06,
             Frame::Report(_) => 0x07,
             Frame::StatusRequest => 0x08,
+            Frame::PutState { .. } => 0x09,
+            Frame::GetState => 0x0A,
+            Frame::ModelState { .. } => 0x87,
             Frame::Welcome { .. } => 0x81,
             Frame::Joined { .. } => 0x82,
             Frame::Left => 0x83,
@@ -380,7 +400,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(*offset);
             w.floats(values);
         }
-        Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left => {}
+        Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left | Frame::GetState => {}
+        Frame::PutState { values } | Frame::ModelState { values } => w.floats(values),
         Frame::Push { offset, values } => {
             w.u64(*offset);
             w.floats(values);
@@ -485,6 +506,9 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples, epoch })
         }
         0x08 => Frame::StatusRequest,
+        0x09 => Frame::PutState { values: r.floats()? },
+        0x0A => Frame::GetState,
+        0x87 => Frame::ModelState { values: r.floats()? },
         0x80 => Frame::Challenge { nonce: r.array("nonce")? },
         0x81 => {
             let shard = r.u32()?;
@@ -531,6 +555,8 @@ fn kind_name(kind: u8) -> Option<&'static str> {
         0x06 => "pull",
         0x07 => "report",
         0x08 => "status-request",
+        0x09 => "put-state",
+        0x0A => "get-state",
         0x80 => "challenge",
         0x81 => "welcome",
         0x82 => "joined",
@@ -538,6 +564,7 @@ fn kind_name(kind: u8) -> Option<&'static str> {
         0x84 => "ack",
         0x85 => "weights",
         0x86 => "status",
+        0x87 => "model-state",
         0xEE => "error",
         _ => return None,
     })
@@ -703,6 +730,9 @@ mod tests {
             Frame::Push { offset: 9, values: vec![0.5; 5] },
             Frame::Push { offset: 0, values: vec![] },
             Frame::Pull { offset: 4, len: 100 },
+            Frame::PutState { values: vec![0.5, -1.25] },
+            Frame::GetState,
+            Frame::ModelState { values: vec![3.0] },
             Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640, epoch: 2 }),
             Frame::StatusRequest,
             Frame::Welcome {

@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use tandem_api::contract::WorkerLine;
+use tandem_api::contract::{GroupReport, WorkerLine};
+
+use super::Event;
 
 /// A protocol line from a worker.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,6 +105,20 @@ impl Merged {
         }
         self.step = self.step.max(step);
         self.step
+    }
+
+    /// Records rank 0 of `group`'s report and returns the merged view as the runner's
+    /// [`Event::Progress`] (the one progress event of every job, one process or many).
+    pub fn report(&mut self, group: u32, r: &GroupReport) -> Event {
+        let step = self.record(group, r.step, r.loss, r.accuracy, r.samples);
+        Event::Progress {
+            step,
+            group,
+            group_step: r.step,
+            loss: self.loss(),
+            accuracy: self.accuracy(),
+            samples: self.samples(),
+        }
     }
 
     /// `group` restarts: its step count starts again, its samples so far are kept.

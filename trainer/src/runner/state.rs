@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tandem_api::contract::Role;
+use tandem_api::contract::{GroupReport, Role};
 use tandem_api::policy::{self, Failure, Relaunch, Unit, Verdict};
 use tandem_api::{Backend, TrainingJobSpec};
 
@@ -215,15 +215,8 @@ impl Supervisor {
         }
         match line {
             Line::Progress { group, step, loss, accuracy, samples } => {
-                let at = self.merged.record(group, step, loss, accuracy, samples);
-                out.push(Command::Emit(Event::Progress {
-                    step: at,
-                    group,
-                    group_step: step,
-                    loss: self.merged.loss(),
-                    accuracy: self.merged.accuracy(),
-                    samples: self.merged.samples(),
-                }));
+                let report = GroupReport { step, loss, accuracy, samples, epoch: 0 };
+                out.push(Command::Emit(self.merged.report(group, &report)));
             }
             Line::Status { addr } if p.role == (Role::Ps { index: 0 }) => {
                 out.push(Command::Emit(Event::Status { ps: 0, addr }));

@@ -4,8 +4,8 @@
 //!
 //! Expected flow per rank: [`AllreduceStep::start`] (rank 0's initial weights go to every rank),
 //! [`AllreduceStep::resume`] (rank 0's checkpoint, if it has one, goes to every rank), then
-//! [`crate::compute::train::Trainer::step`] with this step every iteration; [`AllreduceStep::gather_state`]
-//! before a checkpoint, which rank 0 writes.
+//! [`crate::compute::train::Trainer::run`] (or [`crate::compute::train::Trainer::step`]) with this step; [`AllreduceStep::gather_state`]
+//! before a checkpoint, which rank 0 writes (the loop's [`GradientStep::prepare_checkpoint`]).
 //!
 //! Guarantees: every rank makes the same collective calls in the same order, so the weights are
 //! bit-identical on all ranks after every step; so is a model's non-trainable state, averaged
@@ -101,11 +101,6 @@ impl<C: Communicator> AllreduceStep<C> {
         Ok(step)
     }
 
-    /// The group's communicator (for collectives outside the step, e.g. averaging the loss).
-    pub fn comm(&mut self) -> &mut C {
-        &mut self.comm
-    }
-
     /// Collects every rank's block of the optimizer state so that
     /// [`GradientStep::optimizer_state`] returns the whole vector's state (collective: every rank
     /// calls it at the same step).
@@ -160,6 +155,18 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
 
     fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
         self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
+    }
+
+    fn leader(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    fn sum_over_group(&mut self, sums: &mut [f32]) -> Result<(), TrainError> {
+        self.comm.allreduce(sums, ReduceOp::Sum).map_err(super::collective)
+    }
+
+    fn prepare_checkpoint(&mut self, len: usize) -> Result<(), TrainError> {
+        self.gather_state(len)
     }
 
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {

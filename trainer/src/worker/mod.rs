@@ -14,21 +14,25 @@
 //! - A restarted group of a PS job continues its step count from the PS
 //!   ([`ps_step::PsStep::start_step`]) with the learning-rate schedule and data stream of
 //!   that step, so the job ends at its step count, not later.
-//! - Progress: every [`PROGRESS_EVERY`] steps and every `evalEverySteps` the group averages its
-//!   training loss since the previous report (a collective, so every rank takes part); rank 0
-//!   passes it to `on_progress` (with the test accuracy at evaluation steps and the last step)
-//!   and, in PS jobs, reports it to every PS shard, where `tandem ps`'s status shows it.
+//! - Cadence: the one loop of [`Trainer::run`] with the job's [`Cadence`], reporting every
+//!   [`PROGRESS_EVERY`] steps: at every report the group averages its training loss since the
+//!   previous one (a collective, so every rank takes part); rank 0 passes it to `on_progress`
+//!   (with the test accuracy at evaluation steps and the last step) and, in PS jobs, reports it
+//!   to every PS shard, where `tandem ps`'s status shows it.
 //! - `allreduce`: every `checkpoint.everySteps` and at the end, rank 0 writes the group's state
 //!   (weights, the model's non-trainable state, the gathered optimizer state, the step) as a
 //!   worker checkpoint into
-//!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest [`KEEP_CHECKPOINTS`] are
-//!   kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
+//!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest
+//!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
 //!
-//! Caveats: a model with non-trainable state trains only with `allreduce`; the parameter servers
-//! do not hold such state yet, so a PS job refuses it at start. On Kubernetes rank 0's output folder outlives its pod only on a volume
+//! - Non-trainable model state: averaged over the group's ranks after every step; an
+//!   `allreduce` group keeps it in rank 0's checkpoints, a PS job on shard 0 (the groups' mean,
+//!   see [`ps_step`]).
+//!
+//! Caveats: on Kubernetes rank 0's output folder outlives its pod only on a volume
 //! (`checkpoint.claimName`); with an emptyDir a recreated group starts again from step 0.
 
 pub mod allreduce;
@@ -40,19 +44,16 @@ use tandem_api::JobPlan;
 use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
-use crate::comm::{CommError, Communicator, ReduceOp};
+use crate::comm::{CommError, Communicator};
 use crate::compute::device::Device;
-use crate::compute::train::{GradientStep, TrainError, Trainer};
+use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
-use crate::ps::wire::Progress;
 use allreduce::AllreduceStep;
 use ps_step::PsStep;
+use tandem_api::contract::GroupReport;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
-
-/// Periodic `allreduce` checkpoints kept in `<output>/checkpoints/` (as `tandem train` keeps).
-pub const KEEP_CHECKPOINTS: usize = 3;
 
 /// A worker that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -143,13 +144,6 @@ enum Update<C: Communicator> {
 }
 
 impl<C: Communicator> Update<C> {
-    fn comm(&mut self) -> &mut C {
-        match self {
-            Update::Ps(s) => s.comm(),
-            Update::Allreduce(s) => s.comm(),
-        }
-    }
-
     fn step(&mut self) -> &mut dyn GradientStep {
         match self {
             Update::Ps(s) => s.as_mut(),
@@ -167,25 +161,12 @@ pub fn run<C: Communicator>(
     data_dir: &Path,
     device: &Device,
     comm: C,
-    mut on_progress: impl FnMut(&Progress),
+    mut on_progress: impl FnMut(&GroupReport),
 ) -> Result<Summary, WorkerError> {
     let spec = &job.spec;
     let training = &spec.training;
     let size = spec.workers.group_size.max(1) as usize;
-    if comm.size() != size || comm.rank() != place.rank as usize {
-        return Err(WorkerError::Config(format!(
-            "this process is rank {} of a {}-rank {} communicator, but the job wants rank {} of group {} \
-             with groupSize {size}; start each group's ranks together (mpirun -np {size})",
-            comm.rank(),
-            comm.size(),
-            comm.backend(),
-            place.rank,
-            place.group
-        )));
-    }
-    if job.group(place.group).is_none() {
-        return Err(WorkerError::Config(format!("the job config has no group {}; it is stale", place.group)));
-    }
+    check_place(job, place, &comm)?;
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
     let data = crate::compute::data::load(&spec.data, data_dir, training.seed).map_err(TrainError::from)?;
@@ -199,14 +180,6 @@ pub fn run<C: Communicator>(
             "this rank's data loader gives a {}-step run but the job plan {}; this is a bug, please report it",
             trainer.total_steps(),
             plan.total_steps
-        )));
-    }
-    if plan.ps_mode.is_some() && !trainer.state().is_empty() {
-        // A group restarted from the servers would start its state afresh: refuse, not drift.
-        return Err(WorkerError::Config(format!(
-            "this model keeps {} values of non-trainable state (e.g. batch-norm statistics), which the \
-             parameter servers do not hold yet; train it with algorithm: allreduce",
-            trainer.state().len()
         )));
     }
     let mut params = trainer.params().to_vec();
@@ -225,12 +198,56 @@ pub fn run<C: Communicator>(
             )
             .run(plan.total_steps, mode);
             let client = PsClient::connect(config)?;
-            Update::Ps(Box::new(PsStep::start(comm, client, &training.optimizer, &mut params)?))
+            let mut step = PsStep::start(comm, client, &training.optimizer, &mut params)?;
+            let mut state = trainer.state().to_vec();
+            step.take_state(&mut state)?;
+            trainer.set_state(&state)?;
+            Update::Ps(Box::new(step))
         }
     };
     trainer.set_params(&params)?;
     let steps = plan.total_steps;
-    let start = match &mut update {
+    let start = continue_at(&mut update, &mut trainer, place, &checkpoints, steps)?;
+    // One loop for every job: the cadence is the job's, the step is this rank's algorithm. Only
+    // an `allreduce` group checkpoints (rank 0, into its output folder): the servers keep a PS
+    // job's state.
+    let dir = matches!(update, Update::Allreduce(_)).then_some(checkpoints);
+    let cadence = Cadence { report_every: PROGRESS_EVERY, ..Cadence::of(spec, dir) };
+    let summary = trainer.run(update.step(), &cadence, &mut on_progress)?;
+    Ok(Summary { steps, start_step: start, accuracy: summary.evaluation.accuracy })
+}
+
+/// Checks that `comm` and the job config describe this rank.
+fn check_place<C: Communicator>(job: &JobConfig, place: &Place, comm: &C) -> Result<(), WorkerError> {
+    let size = job.spec.workers.group_size.max(1) as usize;
+    if comm.size() != size || comm.rank() != place.rank as usize {
+        return Err(WorkerError::Config(format!(
+            "this process is rank {} of a {}-rank {} communicator, but the job wants rank {} of group {} \
+             with groupSize {size}; start each group's ranks together (mpirun -np {size})",
+            comm.rank(),
+            comm.size(),
+            comm.backend(),
+            place.rank,
+            place.group
+        )));
+    }
+    if job.group(place.group).is_none() {
+        return Err(WorkerError::Config(format!("the job config has no group {}; it is stale", place.group)));
+    }
+    Ok(())
+}
+
+/// The step this rank's group continues from, with `trainer` moved there: the PS's record of
+/// the group's progress, or rank 0's newest `allreduce` checkpoint in `checkpoints` (0 for a
+/// fresh start).
+fn continue_at<C: Communicator>(
+    update: &mut Update<C>,
+    trainer: &mut Trainer,
+    place: &Place,
+    checkpoints: &Path,
+    steps: u64,
+) -> Result<u64, WorkerError> {
+    let start = match update {
         Update::Ps(s) => {
             let start = s.start_step().min(steps);
             if start > 0 {
@@ -240,11 +257,11 @@ pub fn run<C: Communicator>(
         }
         Update::Allreduce(s) => {
             let newest = if place.rank == 0 {
-                crate::compute::checkpoint::latest(&checkpoints).map_err(TrainError::from)?
+                crate::compute::checkpoint::latest(checkpoints).map_err(TrainError::from)?
             } else {
                 None
             };
-            let start = s.resume(&mut trainer, newest.as_deref())?;
+            let start = s.resume(trainer, newest.as_deref())?;
             if let Some(path) = newest.filter(|_| start > 0) {
                 tracing::info!(group = place.group, path = %path.display(), step = start, "resumed from checkpoint");
             }
@@ -259,70 +276,5 @@ pub fn run<C: Communicator>(
             "resuming the group's step count"
         );
     }
-    let checkpoint_every = training.checkpoint.every_steps;
-    let eval_every = training.eval_every_steps;
-    let per_step = spec.data.batch_size as u64 * size as u64;
-    let (mut loss_sum, mut seen) = (0.0f32, 0.0f32);
-    let mut accuracy = None;
-    for k in start + 1..=steps {
-        let report = trainer.step(update.step())?;
-        if let Update::Allreduce(s) = &mut update
-            && (k == steps || (checkpoint_every > 0 && k % checkpoint_every == 0))
-        {
-            save_group_checkpoint(s, &trainer, place, &checkpoints)?;
-        }
-        loss_sum += report.batch.loss * report.batch.samples as f32;
-        seen += report.batch.samples as f32;
-        let evaluate = k == steps || (eval_every > 0 && k % eval_every == 0);
-        if !evaluate && !k.is_multiple_of(PROGRESS_EVERY) {
-            continue;
-        }
-        // The group's mean training loss since the last report.
-        let mut sums = [loss_sum, seen];
-        update.comm().allreduce(&mut sums, ReduceOp::Sum).map_err(collective)?;
-        (loss_sum, seen) = (0.0, 0.0);
-        if place.rank != 0 {
-            continue;
-        }
-        let test = if evaluate { Some(trainer.evaluate()?.accuracy) } else { None };
-        accuracy = test.or(accuracy);
-        let progress = Progress {
-            step: k,
-            loss: Some(sums[0] / sums[1].max(1.0)),
-            accuracy: test.map(|a| a as f32),
-            samples: (k - start) * per_step,
-            epoch: u32::try_from(trainer.cursor().epoch).unwrap_or(u32::MAX),
-        };
-        if let Update::Ps(s) = &mut update {
-            s.client().report(progress)?;
-        }
-        on_progress(&progress);
-    }
-    let accuracy = match accuracy {
-        Some(a) => a,
-        None => trainer.evaluate()?.accuracy,
-    };
-    if let Update::Ps(s) = update {
-        s.leave()?;
-    }
-    Ok(Summary { steps, start_step: start, accuracy })
-}
-
-/// Writes the `allreduce` group's state as rank 0's checkpoint for the current step and keeps the
-/// newest [`KEEP_CHECKPOINTS`] (collective: every rank takes part in gathering the optimizer state).
-fn save_group_checkpoint<C: Communicator>(
-    step: &mut AllreduceStep<C>,
-    trainer: &Trainer,
-    place: &Place,
-    dir: &Path,
-) -> Result<(), WorkerError> {
-    step.gather_state(trainer.params().len())?;
-    if place.rank != 0 {
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| WorkerError::Config(format!("cannot create {} for checkpoints: {e}", dir.display())))?;
-    trainer.save(step, &crate::compute::checkpoint::step_path(dir, trainer.step_count()))?;
-    crate::compute::checkpoint::prune(dir, KEEP_CHECKPOINTS).map_err(TrainError::from)?;
-    Ok(())
+    Ok(start)
 }

@@ -4,7 +4,7 @@
 //! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
 //! join, pull the current weights, allgather them, so a group that joins late starts from the
 //! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
-//! [`crate::compute::train::Trainer::step`] with this step every iteration.
+//! [`crate::compute::train::Trainer::run`] (or [`crate::compute::train::Trainer::step`]) with this step.
 //!
 //! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
 //! from its clock on joining (the shards' update count, which every member group has reached,
@@ -23,6 +23,11 @@
 //!   `i`, moves its block by `e = α·(x − centre)`, pushes `e` (the PS adds it to the centre), and
 //!   the group allgathers the weights.
 //!
+//! A model's non-trainable state (batch-norm running statistics) is averaged over the group's
+//! ranks after every step and put by rank 0 on shard 0, which holds the mean of every group's
+//! latest (MXNet's rule for running statistics) and keeps it in its checkpoints; a group that
+//! starts takes it from there ([`PsStep::take_state`]), so it survives group and PS restarts.
+//!
 //! Guarantees: every rank of a group makes the same collective calls in the same order, so the
 //! group's weights are equal on all ranks after every step.
 
@@ -34,8 +39,9 @@ use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError};
 use crate::ps::client::{ClientError, PsClient};
-use crate::ps::wire::Peer;
+use crate::ps::wire::{Peer, Progress};
 use tandem_api::PsMode;
+use tandem_api::contract::GroupReport;
 
 /// A group rank's link to the PS, as a [`GradientStep`].
 pub struct PsStep<C: Communicator> {
@@ -90,26 +96,43 @@ impl<C: Communicator> PsStep<C> {
         Ok(Self { comm, client, block, start_step, mode, local, scratch: Vec::new() })
     }
 
+    /// Replaces `state`, the model's non-trainable state, on every rank of the group with the
+    /// one the servers hold (the groups' mean, kept in PS checkpoints), when they hold one; a
+    /// first group keeps its own. Collective: every rank calls it right after [`PsStep::start`].
+    pub fn take_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        let held = if self.comm.rank() == 0 { self.client.get_state().map_err(ps_err)? } else { Vec::new() };
+        // 0: none held, 1: take it, 2: it is of another model.
+        let verdict = match held.len() {
+            0 => 0.0,
+            n if n == state.len() => 1.0,
+            _ => 2.0,
+        };
+        let mut flag = [verdict];
+        self.comm.broadcast(&mut flag, 0).map_err(super::collective)?;
+        if flag[0] == 2.0 {
+            return Err(TrainError::Config(format!(
+                "the parameter servers hold a model state of {} values, this model keeps {}; the PS \
+                 checkpoints are of another model",
+                held.len(),
+                state.len()
+            )));
+        }
+        if flag[0] == 1.0 {
+            if self.comm.rank() == 0 {
+                state.copy_from_slice(&held);
+            }
+            self.comm.broadcast(state, 0).map_err(super::collective)?;
+        }
+        Ok(())
+    }
+
     /// The step this group continues from: 0 on its first attempt, the PS's record of its
     /// progress after a restart (see the module documentation).
     pub fn start_step(&self) -> u64 {
         self.start_step
-    }
-
-    /// The group's communicator (for collectives outside the step, e.g. averaging the loss).
-    pub fn comm(&mut self) -> &mut C {
-        &mut self.comm
-    }
-
-    /// The PS client (for progress reports and status).
-    pub fn client(&mut self) -> &mut PsClient {
-        &mut self.client
-    }
-
-    /// Leaves the PS membership (at a step boundary) and returns the communicator.
-    pub fn leave(mut self) -> Result<C, TrainError> {
-        self.client.leave().map_err(ps_err)?;
-        Ok(self.comm)
     }
 }
 
@@ -159,8 +182,36 @@ impl<C: Communicator> GradientStep for PsStep<C> {
     }
 
     fn sync_state(&mut self, state: &mut [f32]) -> Result<(), TrainError> {
-        // The group's ranks share it; the parameter servers do not hold it (see `worker::run`).
-        self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)
+        // The group's ranks share it; rank 0 puts the group's on shard 0, which holds the mean
+        // over the groups for a group that starts or restarts ([`PsStep::take_state`]).
+        self.comm.allreduce(state, ReduceOp::Average).map_err(super::collective)?;
+        if self.comm.rank() == 0 {
+            self.client.put_state(state).map_err(ps_err)?;
+        }
+        Ok(())
+    }
+
+    fn leader(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    fn sum_over_group(&mut self, sums: &mut [f32]) -> Result<(), TrainError> {
+        self.comm.allreduce(sums, ReduceOp::Sum).map_err(super::collective)
+    }
+
+    fn report(&mut self, r: &GroupReport) -> Result<(), TrainError> {
+        let progress = Progress {
+            step: r.step,
+            loss: r.loss.map(|l| l as f32),
+            accuracy: r.accuracy.map(|a| a as f32),
+            samples: r.samples,
+            epoch: u32::try_from(r.epoch).unwrap_or(u32::MAX),
+        };
+        self.client.report(progress).map_err(ps_err)
+    }
+
+    fn finish(&mut self) -> Result<(), TrainError> {
+        self.client.leave().map_err(ps_err)
     }
 
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {

@@ -53,7 +53,16 @@ fn json_output_ends_with_finished_and_writes_the_curve() {
     }
     assert_eq!(last["steps"], 3 * (1437 / 32));
     assert!(last["test_accuracy"].as_f64().unwrap() > 0.9, "{last}");
-    assert!(lines.iter().any(|l| l["event"] == "eval"));
+    // The runner's events, as for a job of many processes: started, progress with the test
+    // accuracy at evaluation steps, the curve, finished.
+    assert_eq!(lines[0]["event"], "started", "{}", lines[0]);
+    assert_eq!(lines[0]["processes"], 1);
+    let evaluated: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["event"] == "progress" && l["accuracy"].is_number())
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated.first(), Some(&40), "the first evaluation is at evalEverySteps");
     let curve = lines.iter().find(|l| l["event"] == "curve").expect("a curve event");
     let svg = std::fs::read_to_string(curve["path"].as_str().unwrap()).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");

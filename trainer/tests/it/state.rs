@@ -1,5 +1,6 @@
 //! A model's non-trainable state (batch-norm running statistics and the like) beside its
-//! parameters: kept in worker checkpoints, shared by an allreduce group and resumed from rank 0.
+//! parameters: kept in worker checkpoints, shared by an allreduce group and resumed from rank 0,
+//! held by the parameter servers (the groups' mean) and kept across a PS restart.
 //!
 //! Today's model families have no state, so the tests wrap the MLP in a model that keeps a
 //! running mean of its inputs, updated by every training batch as batch normalisation updates its
@@ -9,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::ps_common::{Job, addrs, worker_config};
 use crate::trainer_support;
 
 use tandem::comm::algo::{AlgoConfig, Collectives};
@@ -20,7 +22,9 @@ use tandem::compute::model::{self, Batch, BatchStats, Model, ModelError};
 use tandem::compute::optim::Optimizer;
 use tandem::compute::params::FlatLayout;
 use tandem::compute::train::{LocalStep, Trainer};
+use tandem::ps::client::PsClient;
 use tandem::worker::allreduce::AllreduceStep;
+use tandem::worker::ps_step::PsStep;
 use tandem_api::TrainingJobSpec;
 
 const SHAPE: InputShape = InputShape { channels: 1, height: 2, width: 2 };
@@ -201,4 +205,72 @@ fn an_allreduce_group_shares_its_state_and_resumes_it_from_rank_0() {
         assert_eq!(params, &ranks[0].1, "rank {rank}'s weights");
         assert_eq!(state, &ranks[0].2, "rank {rank}'s state comes from rank 0's checkpoint");
     }
+}
+
+/// A PS job of `replicas` shards running `ps-async` with plain SGD at rate 0.1.
+fn ps_job(replicas: usize) -> Job {
+    Job::with_spec(serde_json::json!({
+        "training": {
+            "algorithm": "ps-async",
+            "steps": 1000,
+            "optimizer": {"kind": "sgd", "learningRate": 0.1},
+            "checkpoint": {"everySteps": 1000}
+        },
+        "parameterServers": {"replicas": replicas}
+    }))
+}
+
+/// One group of one rank of the stateful model trains `steps` steps through the PS at `servers`
+/// as launch `attempt`; returns the state it started from (after taking the servers') and ended with.
+fn ps_group(servers: &[String], group: u32, attempt: u32, steps: u64) -> (Vec<f32>, Vec<f32>) {
+    let spec = job();
+    let transport = LocalTransport::group(1, Duration::from_secs(60)).pop().unwrap();
+    let comm = Collectives::new(transport, AlgoConfig::default(), "local");
+    let mut t = trainer(&spec, true, 0, 1);
+    let client =
+        PsClient::connect(worker_config(servers, group, 0, attempt, t.params().len() as u64)).unwrap();
+    let mut params = t.params().to_vec();
+    let mut step = PsStep::start(comm, client, &spec.training.optimizer, &mut params).unwrap();
+    t.set_params(&params).unwrap();
+    let mut state = t.state().to_vec();
+    step.take_state(&mut state).unwrap();
+    t.set_state(&state).unwrap();
+    for _ in 0..steps {
+        t.step(&mut step).unwrap();
+    }
+    (state, t.state().to_vec())
+}
+
+#[test]
+fn the_parameter_servers_hold_the_groups_mean_state_and_keep_it_across_a_restart() {
+    let psj = ps_job(2);
+    let mut ps = vec![psj.spawn_ps(0, 0), psj.spawn_ps(1, 0)];
+    let servers = addrs(&ps);
+
+    // Group 0 starts with its own (initial) state and puts its state after every step.
+    let (started, trained) = ps_group(&servers, 0, 0, 5);
+    assert!(started.iter().all(|&s| s == 0.0), "a first group keeps its initial state: {started:?}");
+    assert!(trained.iter().all(|&s| s != 0.0), "training moved the state: {trained:?}");
+    let mut observer = psj.observer(&servers);
+    assert_eq!(observer.get_state().unwrap(), trained, "shard 0 holds the only group's state");
+
+    // A second group's state is averaged in; a state of another length is refused.
+    let total = trainer(&job(), true, 0, 1).params().len() as u64;
+    let mut other = PsClient::connect(worker_config(&servers, 1, 0, 0, total)).unwrap();
+    let doubled: Vec<f32> = trained.iter().map(|s| s * 3.0).collect();
+    other.put_state(&doubled).unwrap();
+    let mean: Vec<f32> = trained.iter().zip(&doubled).map(|(a, b)| (a + b) / 2.0).collect();
+    assert_eq!(observer.get_state().unwrap(), mean);
+    let err = other.put_state(&[1.0]).unwrap_err().to_string();
+    assert!(err.contains("every group must train the same model"), "{err}");
+    drop((observer, other));
+
+    // Both replicas stop (SIGTERM writes a checkpoint) and start again from their checkpoints:
+    // a restarted group takes the mean state from the restarted shard 0.
+    for p in &mut ps {
+        assert!(p.terminate().success(), "SIGTERM is a clean stop:\n{}", p.log_text());
+    }
+    let ps = [psj.spawn_ps(0, ps[0].port()), psj.spawn_ps(1, ps[1].port())];
+    let (resumed, _) = ps_group(&servers, 0, 1, 1);
+    assert_eq!(resumed, mean, "the state survived the PS restart:\n{}", ps[0].log_text());
 }

@@ -1,18 +1,15 @@
-//! The training curve: loss and accuracy against step, collected from [`Event`]s and drawn as a
-//! self-contained SVG (two panels: loss, accuracy; training and test series), plus the same numbers
-//! as CSV for other tools.
+//! The training curve: loss and accuracy against step, drawn as a self-contained SVG (two panels:
+//! loss, accuracy; training and test series), plus the same numbers as CSV for other tools.
 //!
-//! Single-process training records [`Event`]s ([`Curve::record`]); the local runner's merged
-//! progress of a multi-process job records its points directly ([`Curve::record_merged`]), where
-//! a value nobody measured (the training accuracy, the test loss before the end) is NaN.
+//! Every job's merged progress (one process or many, see [`super::display`]) records its points
+//! ([`Curve::record_merged`]), where a value nobody measured (the training accuracy, the test loss
+//! before the end) is NaN.
 //!
 //! Guarantees: the SVG needs no fonts or scripts beyond a browser's defaults; an empty series is
 //! left out rather than drawn, and so are NaN values (an empty field in the CSV).
 
 use std::fmt::Write as _;
 use std::path::Path;
-
-use tandem::compute::train::Event;
 
 /// Points collected during a run.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -24,19 +21,6 @@ pub struct Curve {
 }
 
 impl Curve {
-    /// Records the points an event carries.
-    pub fn record(&mut self, event: &Event) {
-        match *event {
-            Event::Train { step, loss, accuracy, .. } => self.train.push((step, loss, accuracy)),
-            Event::Eval { step, test_loss, test_accuracy }
-                if self.test.last().is_none_or(|l| l.0 != step) =>
-            {
-                self.test.push((step, test_loss, test_accuracy));
-            }
-            _ => {}
-        }
-    }
-
     /// Records a point of a multi-process job's merged progress at `step`: the groups' mean
     /// training `loss` and the latest test `accuracy` (with `test_loss` at the end). A second point
     /// at the same step replaces the first, so each series keeps one point per step.

@@ -1,31 +1,53 @@
-//! How `tandem train` shows the runner's [`Event`]s: a progress bar (or plain lines when stderr is
-//! not a terminal) and a summary, or with `--output json` each event as one JSON line on stdout.
+//! The one front-end of `tandem train`, for a job of one process and of many alike: it shows the
+//! runner's [`Event`]s — a progress bar (or plain lines when stderr is not a terminal) and a
+//! summary, or with `--output json` each event as one JSON line on stdout — and draws their
+//! progress as the training curve ([`Curve`]), written into the job's output folder when the job
+//! finishes.
 //!
 //! Guarantees: in JSON mode stdout carries only one JSON object per line, the last one
 //! `{"event":"finished",…}` when the job succeeds; the training curve's path comes just before it
-//! (`{"event":"curve","path":…}`, or a line on stderr in text mode), as single-process training
-//! prints it.
+//! (`{"event":"curve","path":…}`, or a line on stderr in text mode).
 
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 
+use anyhow::anyhow;
 use tandem::runner::Event;
 
-/// Renders events as they come.
+use super::curve::Curve;
+
+/// Renders events as they come and collects the curve.
 pub struct Display {
     json: bool,
     name: String,
     bar: Option<indicatif::ProgressBar>,
     total: u64,
+    curve: Curve,
+    title: String,
+    output: PathBuf,
+    failure: Option<anyhow::Error>,
 }
 
 impl Display {
-    /// A display for job `name`; `json` selects one JSON object per line.
-    pub fn new(name: &str, json: bool) -> Self {
-        Self { json, name: name.to_owned(), bar: None, total: 0 }
+    /// A display for job `name`; `json` selects one JSON object per line. The curve, titled
+    /// `title`, goes into `output`.
+    pub fn new(name: &str, json: bool, title: String, output: PathBuf) -> Self {
+        Self {
+            json,
+            name: name.to_owned(),
+            bar: None,
+            total: 0,
+            curve: Curve::default(),
+            title,
+            output,
+            failure: None,
+        }
     }
 
-    /// Shows one event.
+    /// Shows one event and records its points on the curve; at `Finished` the curve is written
+    /// first.
     pub fn show(&mut self, event: &Event) {
+        self.record(event);
         if self.json {
             if let Ok(line) = serde_json::to_string(event) {
                 let mut out = std::io::stdout().lock();
@@ -37,7 +59,13 @@ impl Display {
         match event {
             Event::Started { processes, total_steps, output, .. } => {
                 self.total = *total_steps;
-                eprintln!("{}: {processes} processes started; logs and checkpoints in {output}", self.name);
+                match processes {
+                    1 => eprintln!("{}: training in this process; checkpoints in {output}", self.name),
+                    _ => eprintln!(
+                        "{}: {processes} processes started; logs and checkpoints in {output}",
+                        self.name
+                    ),
+                }
                 if std::io::stderr().is_terminal() {
                     let bar = indicatif::ProgressBar::new(*total_steps);
                     bar.set_style(
@@ -87,8 +115,34 @@ impl Display {
         }
     }
 
-    /// Shows where the training curve was written; call it before showing `Finished`.
-    pub fn curve(&mut self, path: &std::path::Path) {
+    /// Records the event's points on the curve; writes the curve at `Finished`.
+    fn record(&mut self, event: &Event) {
+        match *event {
+            Event::Progress { step, loss, accuracy, .. } => {
+                self.curve.record_merged(step, loss, accuracy, None)
+            }
+            Event::Finished { test_accuracy, test_loss, steps, .. } => {
+                self.curve.record_merged(steps, None, Some(test_accuracy), test_loss);
+                match self.curve.write(&self.output, &self.title) {
+                    Ok(path) => self.show_curve(&path),
+                    Err(e) => {
+                        self.failure = Some(anyhow!("writing the curve into {}: {e}", self.output.display()))
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the curve could not be written.
+    pub fn finish(self) -> anyhow::Result<()> {
+        match self.failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn show_curve(&mut self, path: &std::path::Path) {
         if self.json {
             let line = serde_json::json!({"event": "curve", "path": path.display().to_string()});
             let mut out = std::io::stdout().lock();
@@ -99,7 +153,8 @@ impl Display {
         }
     }
 
-    fn note(&self, text: &str) {
+    /// A line for the person watching (on stderr, above the bar).
+    pub fn note(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
             None => eprintln!("{text}"),

@@ -2,7 +2,8 @@
 //!
 //! Layout: `b"TPSCKPT1"`, u32 LE header length, a JSON header (shard, replicas, vector length,
 //! version, names and lengths of the vectors), the vectors as little-endian f32 (weights first,
-//! then optimizer state in header order), and a CRC-32 of everything before it.
+//! then optimizer state in header order, then the model's non-trainable state), and a CRC-32 of
+//! everything before it.
 //!
 //! Guarantees: a file is written to a temporary name, fsynced, renamed into place and the folder
 //! fsynced, so a process killed at any moment leaves either the previous checkpoint or the new
@@ -76,6 +77,10 @@ struct Header {
     /// Each group's reported progress; absent in checkpoints written before it was kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     groups: Vec<GroupProgress>,
+    /// Length of the model's non-trainable state (shard 0), whose values follow the optimizer
+    /// state's; absent when 0 and in checkpoints written before it was kept.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    model_state: u64,
 }
 
 /// A group's reported progress in the header.
@@ -95,6 +100,10 @@ struct GroupProgress {
 
 fn file_name(index: u32, version: u64) -> String {
     format!("shard-{index}-v{version:012}.ckpt")
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn parse_name(name: &str, index: u32) -> Option<u64> {
@@ -126,16 +135,20 @@ pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
                 epoch: p.epoch,
             })
             .collect(),
+        model_state: snapshot.model_state.len() as u64,
     };
     // A struct of numbers and strings always serialises.
     let json = serde_json::to_vec(&header).unwrap_or_default();
     let buffers = &snapshot.optimizer.buffers;
-    let floats = snapshot.values.len() + buffers.iter().map(|(_, v)| v.len()).sum::<usize>();
+    let floats = snapshot.values.len()
+        + buffers.iter().map(|(_, v)| v.len()).sum::<usize>()
+        + snapshot.model_state.len();
     let mut out = Vec::with_capacity(MAGIC.len() + 4 + json.len() + floats * 4 + 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
-    for v in snapshot.values.iter().chain(buffers.iter().flat_map(|(_, v)| v)) {
+    let model_state = snapshot.model_state.iter();
+    for v in snapshot.values.iter().chain(buffers.iter().flat_map(|(_, v)| v)).chain(model_state) {
         out.extend_from_slice(&v.to_le_bytes());
     }
     let crc = crc32fast::hash(&out);
@@ -161,7 +174,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
     }
     let header: Header = serde_json::from_slice(&rest[..hlen]).map_err(|e| format!("bad header: {e}"))?;
     let mut floats = rest[hlen..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-    let expected = header.values + header.optimizer.iter().map(|(_, n)| n).sum::<u64>();
+    let expected = header.values + header.optimizer.iter().map(|(_, n)| n).sum::<u64>() + header.model_state;
     if (rest.len() - hlen) as u64 != expected * 4 {
         return Err(format!("holds {} bytes of values, header says {expected} floats", rest.len() - hlen));
     }
@@ -173,6 +186,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
         .collect();
     let optimizer =
         OptimizerState { kind: header.optimizer_kind, updates: header.optimizer_updates, buffers };
+    let model_state = floats.by_ref().take(header.model_state as usize).collect();
     Ok(Snapshot {
         index: header.index,
         replicas: header.replicas,
@@ -189,6 +203,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
                 (group, Progress { step, loss, accuracy, samples, epoch })
             })
             .collect(),
+        model_state,
     })
 }
 
@@ -252,6 +267,7 @@ mod tests {
                 buffers: vec![("momentum".into(), vec![0.25, 0.5, 0.75])],
             },
             groups: vec![(0, Progress { step: version * 10, loss: Some(0.5), ..Progress::default() })],
+            model_state: vec![0.125, -3.0],
         }
     }
 
@@ -292,12 +308,12 @@ mod tests {
 
     #[test]
     fn a_checkpoint_without_group_progress_still_reads() {
-        // A header as written before group progress was kept: no `groups` key.
-        let old = Snapshot { groups: Vec::new(), ..snap(4) };
+        // A header as written before group progress and model state were kept: no such keys.
+        let old = Snapshot { groups: Vec::new(), model_state: Vec::new(), ..snap(4) };
         let bytes = encode(&old);
         let hlen = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
         let header = std::str::from_utf8(&bytes[12..12 + hlen]).unwrap_or_default();
-        assert!(!header.contains("groups"), "{header}");
+        assert!(!header.contains("groups") && !header.contains("model_state"), "{header}");
         assert_eq!(decode(&bytes), Ok(old));
     }
 }

@@ -95,6 +95,9 @@ pub struct Snapshot {
     /// The latest progress each group reported, by group index: a group restarted together with
     /// the PS continues its step count from it (async, bounded-staleness and elastic modes).
     pub groups: Vec<(u32, Progress)>,
+    /// The model's non-trainable state as the shard holds it (the groups' mean; shard 0 only,
+    /// empty for a model without state).
+    pub model_state: Vec<f32>,
 }
 
 /// A snapshot that does not fit this shard.
@@ -280,6 +283,43 @@ pub struct ShardState {
     waiting: Vec<Waiting>,
     max_clock: u64,
     refused: u64,
+    model_state: ModelState,
+}
+
+/// The model's non-trainable state (batch-norm running statistics and the like), which the
+/// optimizer does not update: each group's rank 0 puts its group's state (already averaged over
+/// the group's ranks) after every step, and the shard holds the mean of every group's latest,
+/// as MXNet's and BytePS's parameter servers average running statistics over workers. A
+/// restored shard holds the checkpointed mean until the first group puts again; a group that
+/// starts (or restarts) takes it, so the state survives group and PS restarts.
+#[derive(Debug, Default)]
+struct ModelState {
+    mean: Vec<f32>,
+    by_group: BTreeMap<u32, Vec<f32>>,
+}
+
+impl ModelState {
+    fn put(&mut self, group: u32, values: Vec<f32>) -> Result<(), String> {
+        if let Some(held) = self.by_group.values().next().filter(|h| h.len() != values.len()) {
+            return Err(format!(
+                "model state of {} values, but the shard holds {} from another group; every group must \
+                 train the same model",
+                values.len(),
+                held.len()
+            ));
+        }
+        self.by_group.insert(group, values);
+        let n = self.by_group.len() as f32;
+        let mut mean = vec![0.0f32; self.by_group.values().next().map_or(0, Vec::len)];
+        for v in self.by_group.values() {
+            for (m, x) in mean.iter_mut().zip(v) {
+                *m += x;
+            }
+        }
+        mean.iter_mut().for_each(|m| *m /= n);
+        self.mean = mean;
+        Ok(())
+    }
 }
 
 impl ShardState {
@@ -295,6 +335,7 @@ impl ShardState {
             waiting: Vec::new(),
             max_clock: 0,
             refused: 0,
+            model_state: ModelState::default(),
         }
     }
 
@@ -332,6 +373,7 @@ impl ShardState {
             init: None,
         });
         state.optimizer = Some(optimizer);
+        state.model_state.mean = snapshot.model_state;
         for (group, progress) in snapshot.groups {
             // Not a member until it joins again; attempt 0 refuses no relaunched attempt.
             state.groups.entry(group).or_insert_with(|| Group::new(0)).progress = Some(progress);
@@ -352,6 +394,7 @@ impl ShardState {
             values: w.values.clone(),
             optimizer,
             groups: self.groups.iter().filter_map(|(&i, g)| Some((i, g.progress?))).collect(),
+            model_state: self.model_state.mean.clone(),
         })
     }
 
@@ -476,8 +519,15 @@ impl ShardState {
                 out.push(Output::Send(session, Frame::Status(json)));
             }
             (Some(_), Frame::Pull { offset, len }) => self.pull(&mut out, session, offset, len),
+            (Some(_), Frame::GetState) => {
+                let values = self.model_state.mean.clone();
+                out.push(Output::Send(session, Frame::ModelState { values }));
+            }
             (Some(Peer::Observer), other) => {
-                let msg = format!("observers may only pull and ask for status, not {}", other.name());
+                let msg = format!(
+                    "observers may only pull, get the model state and ask for status, not {}",
+                    other.name()
+                );
                 self.refuse(&mut out, session, ErrorCode::Protocol, msg);
             }
             (Some(Peer::Worker { group, .. }), frame) => match frame {
@@ -491,6 +541,13 @@ impl ShardState {
                     out.push(Output::Send(session, Frame::Left));
                 }
                 Frame::Push { offset, values } => self.push(&mut out, session, group, offset, values),
+                Frame::PutState { values } => match self.model_state.put(group, values) {
+                    Ok(()) => {
+                        let clock = self.groups.get(&group).map_or(0, |g| g.clock);
+                        out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
+                    }
+                    Err(msg) => self.refuse(&mut out, session, ErrorCode::Protocol, msg),
+                },
                 Frame::Report(mut p) => {
                     let clock = self.groups.get_mut(&group).map_or(0, |g| {
                         // Light reports carry no evaluation: the latest accuracy (and loss) stays.
