@@ -39,6 +39,7 @@ use tandem_api::TrainingJobSpec;
 use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
 
 use crate::compute::device::Device;
+use crate::compute::model::engine;
 use crate::compute::train::Trainer;
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::util::proc::{Exit, die_with_parent, free_ports};
@@ -378,6 +379,14 @@ impl Spawner<'_> {
         }
     }
 
+    /// Compute threads of each worker rank: this machine's CPUs shared among the job's ranks (at
+    /// least one each).
+    fn threads_per_rank(&self) -> usize {
+        let ranks = (self.opts.spec.workers.groups * self.opts.spec.workers.group_size).max(1) as usize;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cpus / ranks).max(1)
+    }
+
     /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`.
     fn spawn(&self, id: ProcId, role: Role, attempt: u32) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
@@ -410,6 +419,11 @@ impl Spawner<'_> {
         };
         let log = self.logs.join(format!("{name}.{attempt}.log"));
         let stderr = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        if !matches!(role, Role::Ps { .. }) && std::env::var_os(engine::THREADS_ENV).is_none() {
+            // Every rank of a local job shares this machine's CPUs: give each its share, or the
+            // ranks' compute pools (each sized to the whole machine) oversubscribe the cores.
+            cmd.env(engine::THREADS_ENV, self.threads_per_rank().to_string());
+        }
         use std::os::unix::process::CommandExt;
         cmd.envs(self.env(role, attempt).to_vars())
             .stdin(Stdio::null())

@@ -28,7 +28,8 @@ pub const THREADS_ENV: &str = "TANDEM_THREADS";
 /// Threads of a process's compute pool: [`THREADS_ENV`] when set; otherwise the CPUs this process
 /// may use (its affinity mask and its container's CPU quota, which is how a pod's
 /// `resources.limits.cpu` sizes it), shared among the ranks `mpirun` started on this node
-/// (`OMPI_COMM_WORLD_LOCAL_SIZE`); at least 1.
+/// (`OMPI_COMM_WORLD_LOCAL_SIZE`); at least 1. The local runner sets [`THREADS_ENV`] for each rank
+/// to its share of the machine (the CPUs over the job's ranks).
 pub fn threads() -> Result<usize, ModelError> {
     if let Ok(v) = std::env::var(THREADS_ENV) {
         return match v.trim().parse::<usize>() {

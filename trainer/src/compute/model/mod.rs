@@ -147,7 +147,9 @@ pub fn build(
                 )));
             }
         }
-        return Ok(Box::new(Engine::new(spec, input, classes, seed, engine::threads()?)?));
+        let threads = engine::threads()?;
+        tracing::info!(threads, "model on the CPU engine");
+        return Ok(Box::new(Engine::new(spec, input, classes, seed, threads)?));
     }
     Ok(Box::new(Net::new(spec, input, classes, seed, device)?))
 }
