@@ -63,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a valid TrainingJob manifest", args.file.display()))?;
     let spec = &job.spec;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".to_owned());
+    check_memory(spec).with_context(|| format!("{} is too large for this machine", args.file.display()))?;
     if tandem::runner::needs_runner(spec) {
         return run_local(&args, &name, spec);
     }
@@ -107,6 +108,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         restarts: 0,
     });
     display.finish()
+}
+
+/// Refuses a job whose estimated memory ([`tandem_api::plan::memory`]) exceeds what this machine
+/// has available, before any process allocates it; data sets read from a path are sized by the
+/// model alone until they are read.
+fn check_memory(spec: &tandem_api::TrainingJobSpec) -> anyhow::Result<()> {
+    use tandem_api::plan::memory::{DataShape, MemoryEstimate, builtin_data};
+    let Some(available) = available_memory() else { return Ok(()) };
+    let shape = builtin_data(spec).unwrap_or(DataShape { channels: 1, height: 28, width: 28, samples: 0 });
+    let estimate = MemoryEstimate::of(spec, shape);
+    let need =
+        if tandem::runner::needs_runner(spec) { estimate.local_total() } else { estimate.worker_bytes };
+    Ok(estimate.check(need, available)?)
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes; `None` where it cannot be read.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 fn model_label(spec: &tandem_api::TrainingJobSpec) -> String {

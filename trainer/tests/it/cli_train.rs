@@ -132,3 +132,16 @@ fn manifests_the_api_server_refuses_are_refused_before_training() {
         assert!(!out_dir.exists(), "{expected}: wrote {}", out_dir.display());
     }
 }
+
+/// A job larger than the machine is refused from its estimate, naming the fields, instead of
+/// aborting in the allocator.
+#[test]
+fn a_job_too_large_for_the_machine_is_refused_with_the_estimate() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, JOB.replace("hidden: [32]", "hidden: [65536, 65536, 65536]")).unwrap();
+    let out = tandem().args(["train", "-f"]).arg(&job).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("model.hidden [65536, 65536, 65536]") && err.contains("GiB"), "{err}");
+}
