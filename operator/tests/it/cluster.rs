@@ -22,7 +22,7 @@ use tandem_operator::{Context, JobController, Scope, Settings, names};
 use tandem_testkit::{TestCluster, TestNamespace, parse_manifests};
 use tokio::sync::watch;
 
-mod support;
+use crate::support;
 use support::{LOG, capture_logs, denied, helm};
 
 /// Generous: two busy cores run the control plane, the operator and the test.

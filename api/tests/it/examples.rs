@@ -1,7 +1,7 @@
 //! Every manifest in `examples/` parses into the api types with the topology its comment promises.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
+use crate::common;
 
 use tandem_api::{Algorithm, Backend, TrainingJob};
 

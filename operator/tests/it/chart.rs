@@ -24,7 +24,7 @@ use tandem_operator::{Context, JobController, Scope, Settings, names};
 use tandem_testkit::{TestCluster, parse_manifests};
 use tokio::sync::watch;
 
-mod support;
+use crate::support;
 use support::{capture_logs, denied, helm};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem");

@@ -3,7 +3,7 @@
 //! example is accepted, and `TrainingJobSpec::validate` (the local runner's check) agrees.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
+use crate::common;
 
 use kube::CustomResourceExt;
 use kube_cel::Validator;

@@ -2,7 +2,7 @@
 //! rules, so a manifest the API server refuses is refused here with the API server's wording.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
+use crate::common;
 
 use tandem_api::manifest;
 
