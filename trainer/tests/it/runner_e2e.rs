@@ -92,7 +92,10 @@ fn mnist_hybrid_trains_to_the_target_through_the_launch_contract() {
     let share = (std::thread::available_parallelism().unwrap().get() / 4).max(1);
     for log in ["worker-0-0.0.log", "worker-0-1.0.log", "worker-1-0.0.log", "worker-1-1.0.log"] {
         let text = std::fs::read_to_string(out.join("logs").join(log)).unwrap();
-        assert!(text.contains(&format!("threads={share}")), "{log} should compute on {share} threads:\n{text}");
+        assert!(
+            text.contains(&format!("threads={share}")),
+            "{log} should compute on {share} threads:\n{text}"
+        );
     }
     assert!(processes_of(&out).is_empty(), "every child stopped with the job");
 }
