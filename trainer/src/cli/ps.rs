@@ -14,6 +14,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use tandem::ps::server::checkpoint;
 use tandem::ps::server::http::StatusListener;
 use tandem::ps::server::state::ShardConfig;
 use tandem::ps::server::{Server, ServerConfig};
@@ -56,7 +57,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         optimizer: training.optimizer.clone(),
     };
     let mut config = ServerConfig::new(shard);
-    config.checkpoint_dir = Some(env.output.join(format!("ps-{index}")));
+    let job_identity = checkpoint::JobIdentity::of(&job);
+    config.checkpoints = Some(checkpoint::Store::open(env.output.join(format!("ps-{index}")), index, job_identity)?);
     config.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
     let port = args.port.unwrap_or(endpoint.port);
     let host = if env.bind.contains(':') { format!("[{}]", env.bind) } else { env.bind.clone() };

@@ -44,8 +44,9 @@ use state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
 pub struct ServerConfig {
     /// The shard it holds.
     pub shard: ShardConfig,
-    /// Where its checkpoints live; `None` keeps nothing on disk.
-    pub checkpoint_dir: Option<PathBuf>,
+    /// Where its checkpoints live, stamped with the job they belong to; `None` keeps nothing on
+    /// disk.
+    pub checkpoints: Option<checkpoint::Store>,
     /// Largest frame body accepted, in bytes.
     pub max_frame: usize,
     /// Most connections served at once.
@@ -59,7 +60,7 @@ impl ServerConfig {
     pub fn new(shard: ShardConfig) -> Self {
         Self {
             shard,
-            checkpoint_dir: None,
+            checkpoints: None,
             max_frame: wire::DEFAULT_MAX_FRAME,
             max_connections: 1024,
             hello_timeout: Duration::from_secs(30),
@@ -117,14 +118,14 @@ enum Outbound {
 }
 
 impl Server {
-    /// Binds `addr` and restores the shard from its newest intact checkpoint, if any.
+    /// Binds `addr` and restores the shard from its newest intact checkpoint of this job, if any.
     pub async fn bind(addr: &str, config: ServerConfig) -> Result<Self, ServerError> {
-        let state = match &config.checkpoint_dir {
-            Some(dir) => match checkpoint::latest(dir, config.shard.index)? {
+        let state = match &config.checkpoints {
+            Some(store) => match store.latest()? {
                 Some(snapshot) => {
-                    let version = snapshot.version;
+                    let (version, dir) = (snapshot.version, store.dir());
                     let state = ShardState::restore(config.shard.clone(), snapshot)
-                        .map_err(|source| ServerError::Restore { path: dir.clone(), source })?;
+                        .map_err(|source| ServerError::Restore { path: dir.to_owned(), source })?;
                     tracing::info!(shard = config.shard.index, version, dir = %dir.display(), "resumed from checkpoint");
                     state
                 }
@@ -158,7 +159,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
         let Server { listener, state, config, status } = self;
         let (events_tx, events_rx) = mpsc::channel::<Event>(1024);
-        let actor = tokio::spawn(actor(state, events_rx, config.checkpoint_dir.clone()));
+        let actor = tokio::spawn(actor(state, events_rx, config.checkpoints.clone()));
         let status = status.map(|listener| {
             let (query_tx, mut query_rx) = mpsc::channel::<oneshot::Sender<StatusDocument>>(16);
             let events = events_tx.clone();
@@ -225,7 +226,7 @@ fn is_transient(e: &std::io::Error) -> bool {
 }
 
 /// Owns the shard: applies events in order and routes outputs.
-async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, dir: Option<PathBuf>) {
+async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, store: Option<checkpoint::Store>) {
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
     let mut meter = Throughput::default();
     while let Some(event) = events.recv().await {
@@ -273,11 +274,11 @@ async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, dir: Op
                         let _ = tx.send(Outbound::Close);
                     }
                 }
-                Output::Checkpoint => write_checkpoint(&state, dir.as_ref()).await,
+                Output::Checkpoint => write_checkpoint(&state, store.as_ref()).await,
             }
         }
     }
-    write_checkpoint(&state, dir.as_ref()).await;
+    write_checkpoint(&state, store.as_ref()).await;
 }
 
 /// Each group's throughput, from the samples count of its last two progress reports.
@@ -315,10 +316,10 @@ impl Throughput {
     }
 }
 
-async fn write_checkpoint(state: &ShardState, dir: Option<&PathBuf>) {
-    let (Some(dir), Some(snapshot)) = (dir.cloned(), state.snapshot()) else { return };
+async fn write_checkpoint(state: &ShardState, store: Option<&checkpoint::Store>) {
+    let (Some(store), Some(snapshot)) = (store.cloned(), state.snapshot()) else { return };
     let version = snapshot.version;
-    match tokio::task::spawn_blocking(move || checkpoint::save(&dir, &snapshot)).await {
+    match tokio::task::spawn_blocking(move || store.save(&snapshot)).await {
         Ok(Ok(path)) => tracing::info!(version, path = %path.display(), "checkpoint written"),
         Ok(Err(e)) => tracing::error!(version, error = %e, "checkpoint failed; training goes on without it"),
         Err(e) => tracing::error!(version, error = %e, "checkpoint task failed"),
