@@ -6,15 +6,19 @@
 //! or one JSON object per line with `--output json`; and the training curve (`curve.svg`,
 //! `curve.csv`: the merged progress and the final evaluation) is written into the job's output
 //! folder and its path printed at the end.
+//!
+//! `--resume` continues the run whose checkpoints the output folder holds; without it such a
+//! folder is refused ([`tandem::runner::check_output`]), for a job of one process as for one of
+//! many, so that no run deletes, prunes or resumes another's checkpoints.
 
 use std::path::PathBuf;
 
 use super::DeviceArg;
 use crate::cli::report::display::Display;
 use anyhow::{Context, bail};
-use tandem::compute::{checkpoint, data};
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{Cadence, LocalStep, Trainer};
+use tandem::compute::{checkpoint, data};
 use tandem::runner::Event;
 use tandem::runner::progress::Merged;
 
@@ -95,7 +99,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             0 => String::new(),
             n => format!(" ({n} newer checkpoint(s) failed their checks and were skipped)"),
         };
-        display.note(&format!("resumed from {} at step {}{skipped}", newest.path.display(), trainer.step_count()));
+        display.note(&format!(
+            "resumed from {} at step {}{skipped}",
+            newest.path.display(),
+            trainer.step_count()
+        ));
     }
     // The one front-end: this process is group 0 of a job of one, its reports merged and shown
     // as the runner shows a job of many.

@@ -318,7 +318,9 @@ fn check_counts(meta: &CheckpointMeta) -> Result<(), String> {
         .into_iter()
         .chain(cursor.into_iter().flatten())
         .chain(meta.optimizer.as_ref().map(|o| ("optimizer update count", o.updates)))
-        .chain(meta.range.into_iter().flat_map(|(a, b)| [("range start", a as u64), ("range end", b as u64)]));
+        .chain(
+            meta.range.into_iter().flat_map(|(a, b)| [("range start", a as u64), ("range end", b as u64)]),
+        );
     match counts.into_iter().find(|&(_, n)| n > MAX_COUNT) {
         Some((what, n)) => Err(format!("{what} {n} is beyond any run (at most {MAX_COUNT})")),
         None => Ok(()),

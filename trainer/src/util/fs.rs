@@ -209,8 +209,10 @@ mod tests {
             fs::write(dir.path().join(name), b"partial").unwrap();
         }
         assert_eq!(remove_partial(dir.path(), step).unwrap(), 2);
-        let mut left: Vec<String> =
-            fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
         left.sort();
         let mut want: Vec<String> = others.iter().map(|s| s.to_string()).collect();
         want.sort();

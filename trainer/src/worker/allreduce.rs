@@ -49,7 +49,11 @@ impl<C: Communicator> AllreduceStep<C> {
     /// and data stream to that step. Returns the step the group continues from; 0, with nothing
     /// changed, when rank 0 has no checkpoint. Collective: every rank calls it right after
     /// [`AllreduceStep::start`].
-    pub fn resume(&mut self, trainer: &mut Trainer, from: Option<(&Path, &Checkpoint)>) -> Result<u64, TrainError> {
+    pub fn resume(
+        &mut self,
+        trainer: &mut Trainer,
+        from: Option<(&Path, &Checkpoint)>,
+    ) -> Result<u64, TrainError> {
         let root = self.comm.rank() == 0;
         let saved = match from.filter(|_| root) {
             Some((path, ckpt)) => {

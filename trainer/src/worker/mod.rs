@@ -23,7 +23,7 @@
 //!   (weights, the model's non-trainable state, the gathered optimizer state, the step) as a
 //!   worker checkpoint into
 //!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest
-//!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
+//!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest intact one (a damaged newest falls back to the one before), so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).

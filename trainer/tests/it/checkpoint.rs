@@ -133,7 +133,8 @@ fn crafted(edit: impl FnOnce(&mut CheckpointMeta)) -> Vec<u8> {
 #[test]
 fn crafted_counts_are_refused_as_corrupt_instead_of_overflowing() {
     let path = std::path::Path::new("crafted.safetensors");
-    let cases: [(&str, Box<dyn FnOnce(&mut CheckpointMeta)>); 5] = [
+    type Edit = Box<dyn FnOnce(&mut CheckpointMeta)>;
+    let cases: [(&str, Edit); 5] = [
         ("step", Box::new(|m| m.step = u64::MAX)),
         ("epoch", Box::new(|m| m.epoch = u64::MAX)),
         ("data cursor epoch", Box::new(|m| m.cursor = Some(DataCursor { epoch: u64::MAX, batch: 0 }))),
@@ -210,7 +211,8 @@ fn ps_that_refuses(job: &crate::ps_common::Job) -> (std::process::ExitStatus, St
 /// Rewrites `job`'s job.json through `edit`.
 fn edit_job(job: &crate::ps_common::Job, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = job.dir.path().join("job.json");
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut config);
     std::fs::write(&path, config.to_string()).unwrap();
 }
@@ -220,7 +222,8 @@ fn a_ps_refuses_the_checkpoint_of_another_job_or_configuration() {
     use crate::ps_common::{Job, worker_config};
     let job = Job::new("ps-async", 0, 1, 1000);
     let mut ps = job.spawn_ps(0, 0);
-    let mut client = tandem::ps::client::PsClient::connect(worker_config(&[ps.addr.clone()], 0, 0, 0, 4)).unwrap();
+    let mut client =
+        tandem::ps::client::PsClient::connect(worker_config(&[ps.addr.clone()], 0, 0, 0, 4)).unwrap();
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
     client.push(0, &[0.25; 4]).unwrap();
@@ -254,6 +257,6 @@ fn a_ps_refuses_the_checkpoint_of_another_job_or_configuration() {
     // The job's own manifest resumes from it.
     edit_job(&job, |c| c["spec"]["training"]["optimizer"]["learningRate"] = 1.0.into());
     let ps = job.spawn_ps(0, 0);
-    let mut observer = job.observer(&[ps.addr.clone()]);
+    let mut observer = job.observer(std::slice::from_ref(&ps.addr));
     assert_eq!(observer.status(0).unwrap()["version"], 1, "{}", ps.log_text());
 }

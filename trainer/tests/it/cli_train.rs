@@ -148,7 +148,11 @@ fn a_job_too_large_for_the_machine_is_refused_with_the_estimate() {
 
 /// `tandem train -f <job> --output json --output-dir <out>` plus `extra`: its exit, stdout lines
 /// and stderr.
-fn train_into(job: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> (bool, Vec<serde_json::Value>, String) {
+fn train_into(
+    job: &std::path::Path,
+    out: &std::path::Path,
+    extra: &[&str],
+) -> (bool, Vec<serde_json::Value>, String) {
     let output = tandem()
         .args(["train", "-f"])
         .arg(job)
@@ -208,7 +212,10 @@ fn a_rerun_is_refused_without_resume_and_resume_falls_back_past_a_damaged_checkp
     let (ok, lines, stderr) = train_into(&job, &out, &["--resume"]);
     assert!(ok, "--resume did not fall back to the intact checkpoint: {stderr}");
     assert!(stderr.contains("resumed from") && stderr.contains("at step 100"), "{stderr}");
-    assert!(stderr.contains("1 newer checkpoint(s) failed their checks"), "the damaged file is told: {stderr}");
+    assert!(
+        stderr.contains("1 newer checkpoint(s) failed their checks"),
+        "the damaged file is told: {stderr}"
+    );
     let first = lines.iter().find(|l| l["event"] == "progress").unwrap();
     assert!(first["step"].as_u64().unwrap() > 100, "it continued after step 100: {first}");
     assert_eq!(lines.last().unwrap()["steps"], steps);

@@ -242,7 +242,10 @@ fn ps_checkpoints(out: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     for shard in ["ps-0", "ps-1"] {
         for entry in std::fs::read_dir(out.join(shard)).unwrap() {
             let entry = entry.unwrap();
-            files.push((format!("{shard}/{}", entry.file_name().to_string_lossy()), std::fs::read(entry.path()).unwrap()));
+            files.push((
+                format!("{shard}/{}", entry.file_name().to_string_lossy()),
+                std::fs::read(entry.path()).unwrap(),
+            ));
         }
     }
     files.sort();

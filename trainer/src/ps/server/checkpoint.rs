@@ -73,24 +73,12 @@ pub enum CheckpointError {
         first: String,
     },
     /// The newest intact checkpoint is another job's, or this job's under another configuration.
-    #[error(
-        "PS checkpoint {path} belongs to {found}, but this shard is of {expected}{changed}; it was not \
-         loaded. Give this job a checkpoint folder of its own (another output folder or checkpoint \
-         claim), or delete {dir} to start shard {index} afresh"
-    )]
+    #[error("{message}")]
     Foreign {
         /// The file.
         path: PathBuf,
-        /// Its folder.
-        dir: PathBuf,
-        /// Shard index.
-        index: u32,
-        /// Whose it is, as its header says.
-        found: String,
-        /// This job.
-        expected: JobIdentity,
-        /// What changed, when the job is the same.
-        changed: &'static str,
+        /// Whose it is, whose this shard is, and what to do.
+        message: String,
     },
 }
 
@@ -356,7 +344,9 @@ impl Store {
     pub fn open(dir: PathBuf, index: u32, job: JobIdentity) -> Result<Self, CheckpointError> {
         match fs::remove_partial(&dir, |name| parse_name(name, index)) {
             Ok(0) => {}
-            Ok(n) => tracing::info!(dir = %dir.display(), shard = index, removed = n, "removed partial checkpoint files of an interrupted write"),
+            Ok(n) => {
+                tracing::info!(dir = %dir.display(), shard = index, removed = n, "removed partial checkpoint files of an interrupted write")
+            }
             Err(source) => return Err(CheckpointError::Read { path: dir, source }),
         }
         Ok(Self { dir, index, job })
@@ -414,7 +404,10 @@ impl Store {
             _ => "",
         };
         let found = found.map_or_else(
-            || "no job it names (written by an earlier tandem, before checkpoints named their job)".to_owned(),
+            || {
+                "no job it names (written by an earlier tandem, before checkpoints named their job)"
+                    .to_owned()
+            },
             JobIdentity::to_string,
         );
         Err(Problem::Foreign { found, changed })
@@ -425,14 +418,16 @@ impl Store {
             Problem::Foreign { found, changed } => (found, changed),
             Problem::Damaged(problem) => (format!("nothing readable ({problem})"), ""),
         };
-        CheckpointError::Foreign {
-            path,
-            dir: self.dir.clone(),
-            index: self.index,
-            found,
-            expected: self.job.clone(),
-            changed,
-        }
+        let message = format!(
+            "PS checkpoint {} belongs to {found}, but this shard is of {}{changed}; it was not loaded. Give \
+             this job a checkpoint folder of its own (another output folder or checkpoint claim), or \
+             delete {} to start shard {} afresh",
+            path.display(),
+            self.job,
+            self.dir.display(),
+            self.index
+        );
+        CheckpointError::Foreign { path, message }
     }
 }
 
@@ -467,7 +462,11 @@ mod tests {
     }
 
     fn versions(dir: &Path, index: u32) -> Vec<u64> {
-        fs::numbered(dir, |name| parse_name(name, index)).unwrap_or_default().into_iter().map(|(v, _)| v).collect()
+        fs::numbered(dir, |name| parse_name(name, index))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect()
     }
 
     fn stored(version: u64) -> Stored {
@@ -483,7 +482,8 @@ mod tests {
         }
         assert_eq!(s.latest().ok().flatten(), Some(snap(9)));
         assert_eq!(versions(dir.path(), 1).len(), 2);
-        let shard0 = Store::open(dir.path().to_path_buf(), 0, job("a", "h")).unwrap_or_else(|e| panic!("{e}"));
+        let shard0 =
+            Store::open(dir.path().to_path_buf(), 0, job("a", "h")).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(shard0.latest(), Ok(None)), "another shard's files are not ours");
     }
 
@@ -512,7 +512,10 @@ mod tests {
         }
         assert!(err.contains(&dir.path().display().to_string()), "{err}");
         let err = store(dir.path(), "a", "h2").latest().map(|_| ()).unwrap_err().to_string();
-        assert!(err.contains("the model, data, optimizer, algorithm, seed or training length changed"), "{err}");
+        assert!(
+            err.contains("the model, data, optimizer, algorithm, seed or training length changed"),
+            "{err}"
+        );
         // An intact foreign newest file is no damage: nothing older is resumed instead.
         let s = store(dir.path(), "a", "h1");
         assert!(s.save(&snap(2)).is_ok());
