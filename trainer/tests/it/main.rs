@@ -22,6 +22,7 @@ mod data;
 mod engine;
 mod flat;
 mod launcher;
+mod models;
 mod optim;
 mod ps_faults;
 mod ps_modes;
