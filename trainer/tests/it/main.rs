@@ -29,6 +29,7 @@ mod ps_modes;
 mod ps_status;
 mod ps_training;
 mod ps_worker;
+mod real_data;
 mod resume;
 mod runner_e2e;
 mod runner_policy;
