@@ -23,8 +23,24 @@ fn main() -> anyhow::Result<()> {
     let shape = InputShape { channels: 1, height: 28, width: 28 };
     let data = synthetic(batch * 50, shape, 10, 1);
     let models = [
-        ("mlp", ModelSpec { kind: ModelKind::Mlp, hidden: vec![256, 128], channels: vec![16, 32] }),
-        ("cnn", ModelSpec { kind: ModelKind::Cnn, hidden: vec![128], channels: vec![16, 32] }),
+        (
+            "mlp",
+            ModelSpec {
+                kind: ModelKind::Mlp,
+                hidden: vec![256, 128],
+                channels: vec![16, 32],
+                ..ModelSpec::default()
+            },
+        ),
+        (
+            "cnn",
+            ModelSpec {
+                kind: ModelKind::Cnn,
+                hidden: vec![128],
+                channels: vec![16, 32],
+                ..ModelSpec::default()
+            },
+        ),
     ];
     let opt_spec = OptimizerSpec { learning_rate: 0.01, momentum: 0.9, ..OptimizerSpec::default() };
     for (name, spec) in models {

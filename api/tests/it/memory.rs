@@ -48,3 +48,35 @@ fn the_examples_fit_and_every_local_process_counts() {
     assert_eq!(many.workers, 4);
     assert!(many.local_total() > 4 * one.worker_bytes, "four workers and the shards");
 }
+
+/// The parameter counts of the new models match their published sizes: ResNet-20 0.27 M,
+/// torchvision's ResNet-50 25,557,032 and VGG-11 132,863,336 (1,000 classes on 3×224×224).
+#[test]
+fn real_models_count_their_published_parameters() {
+    let resnet20 = estimate(
+        "  model: {kind: resnet, depth: 20}\n  data: {source: fashion-mnist}\n  training: {algorithm: allreduce, steps: 10}\n",
+    );
+    assert_eq!(resnet20.parameters, 272_186, "ResNet-20 on 1-channel 28×28, 10 classes");
+    assert!(resnet20.drivers.contains("resnet-20"), "{}", resnet20.drivers);
+    let imagenet = "  data: {source: synthetic, syntheticShape: [3, 224, 224], syntheticClasses: 1000, syntheticSamples: 64, batchSize: 8}\n  training: {algorithm: allreduce, steps: 10}\n";
+    let resnet50 = estimate(&format!("  model: {{kind: resnet, depth: 50}}\n{imagenet}"));
+    assert_eq!(resnet50.parameters, 25_557_032);
+    let vgg_a = estimate(&format!("  model: {{kind: vgg, variant: a}}\n{imagenet}"));
+    assert_eq!(vgg_a.parameters, 132_863_336);
+    assert!(vgg_a.worker_bytes > 4 * 132_863_336 * 4, "weights, gradient, copy and momentum");
+    vgg_a.check(vgg_a.worker_bytes, 24 * GIB).expect("the VGG-A example fits this machine");
+}
+
+#[test]
+fn a_gpt_counts_embeddings_blocks_and_the_tied_head_once() {
+    let gpt = estimate(
+        "  model: {kind: gpt, layers: 4, heads: 4, dim: 128, context: 128}\n  data: {source: shakespeare, batchSize: 32}\n  training: {algorithm: allreduce, steps: 10}\n",
+    );
+    // wte 256·128, wpe 128·128, 4 × (12·128² + 13·128), ln_f 2·128; lm_head is wte.
+    assert_eq!(gpt.parameters, 256 * 128 + 128 * 128 + 4 * (12 * 128 * 128 + 13 * 128) + 2 * 128);
+    let huge = estimate(
+        "  model: {kind: gpt, layers: 96, heads: 96, dim: 12288, context: 2048}\n  data: {source: shakespeare, batchSize: 8}\n  training: {algorithm: allreduce, steps: 10}\n",
+    );
+    let err = huge.check(huge.worker_bytes, 24 * GIB).expect_err("GPT-3's shape does not fit 24 GiB");
+    assert!(err.to_string().contains("model gpt 96 layers × 12288"), "{err}");
+}

@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("out").join(&name));
     tandem::runner::check_output(&out_dir, args.resume)?;
     let device = args.device.select()?;
-    let data = data::load(&spec.data, &args.data_dir, spec.training.seed)?;
+    let data = data::load_job(spec, &args.data_dir)?;
     let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
     let ckpt_dir = out_dir.join("checkpoints");
@@ -133,7 +133,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn check_memory(spec: &tandem_api::TrainingJobSpec) -> anyhow::Result<()> {
     use tandem_api::plan::memory::{DataShape, MemoryEstimate, builtin_data};
     let Some(available) = available_memory() else { return Ok(()) };
-    let shape = builtin_data(spec).unwrap_or(DataShape { channels: 1, height: 28, width: 28, samples: 0 });
+    let shape = builtin_data(spec).unwrap_or(DataShape {
+        channels: 1,
+        height: 28,
+        width: 28,
+        samples: 0,
+        classes: 10,
+    });
     let estimate = MemoryEstimate::of(spec, shape);
     let need =
         if tandem::runner::needs_runner(spec) { estimate.local_total() } else { estimate.worker_bytes };
@@ -149,14 +155,7 @@ fn available_memory() -> Option<u64> {
 }
 
 fn model_label(spec: &tandem_api::TrainingJobSpec) -> String {
-    let hidden: Vec<String> = spec.model.hidden.iter().map(u32::to_string).collect();
-    match spec.model.kind {
-        tandem_api::ModelKind::Mlp => format!("mlp [{}]", hidden.join(", ")),
-        tandem_api::ModelKind::Cnn => {
-            let ch: Vec<String> = spec.model.channels.iter().map(u32::to_string).collect();
-            format!("cnn channels [{}] dense [{}]", ch.join(", "), hidden.join(", "))
-        }
-    }
+    spec.model.label()
 }
 
 /// A job of several processes: the local runner starts and supervises them.

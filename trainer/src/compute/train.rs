@@ -425,22 +425,24 @@ impl Trainer {
         Ok(())
     }
 
-    /// Loss and accuracy on the test set.
+    /// Loss and accuracy on the test set (per target: per token for a language model), in
+    /// chunks of the training batch size, so evaluation needs no more memory than a step.
     pub fn evaluate(&mut self) -> Result<Evaluation, TrainError> {
-        let d = self.test.shape.features();
-        let (mut loss, mut correct) = (0.0f64, 0usize);
-        const CHUNK: usize = 500;
-        for start in (0..self.test.len()).step_by(CHUNK) {
-            let end = (start + CHUNK).min(self.test.len());
+        let (d, k) = (self.test.shape.features(), self.test.positions.max(1));
+        let (mut loss, mut correct, mut targets) = (0.0f64, 0usize, 0usize);
+        let chunk = self.batch_size.max(1);
+        for start in (0..self.test.len()).step_by(chunk) {
+            let end = (start + chunk).min(self.test.len());
             let batch = Batch {
                 features: &self.test.features[start * d..end * d],
-                labels: &self.test.labels[start..end],
+                labels: &self.test.labels[start * k..end * k],
             };
             let s = self.model.evaluate(self.store.params(), self.store.state(), batch)?;
             loss += s.loss as f64 * s.samples as f64;
             correct += s.correct;
+            targets += s.samples;
         }
-        let n = self.test.len().max(1) as f64;
+        let n = targets.max(1) as f64;
         Ok(Evaluation { loss: loss / n, accuracy: correct as f64 / n })
     }
 

@@ -105,7 +105,12 @@ fn compare(spec: &ModelSpec, shape: InputShape, threads: usize) {
 #[test]
 fn mlp_matches_the_candle_model() {
     let shape = InputShape { channels: 1, height: 28, width: 28 };
-    let spec = ModelSpec { kind: ModelKind::Mlp, hidden: vec![256, 128], channels: vec![16, 32] };
+    let spec = ModelSpec {
+        kind: ModelKind::Mlp,
+        hidden: vec![256, 128],
+        channels: vec![16, 32],
+        ..ModelSpec::default()
+    };
     for threads in [1, 2] {
         compare(&spec, shape, threads);
     }
@@ -115,7 +120,12 @@ fn mlp_matches_the_candle_model() {
 fn cnn_matches_the_candle_model() {
     for (h, w) in [(28, 28), (8, 8)] {
         let shape = InputShape { channels: 1, height: h, width: w };
-        let spec = ModelSpec { kind: ModelKind::Cnn, hidden: vec![128], channels: vec![16, 32] };
+        let spec = ModelSpec {
+            kind: ModelKind::Cnn,
+            hidden: vec![128],
+            channels: vec![16, 32],
+            ..ModelSpec::default()
+        };
         for threads in [1, 2] {
             compare(&spec, shape, threads);
         }
@@ -125,7 +135,8 @@ fn cnn_matches_the_candle_model() {
 #[test]
 fn build_picks_the_engine_on_the_cpu_and_rejects_bad_specs() {
     let shape = InputShape { channels: 1, height: 8, width: 8 };
-    let spec = ModelSpec { kind: ModelKind::Cnn, hidden: vec![16], channels: vec![4, 8] };
+    let spec =
+        ModelSpec { kind: ModelKind::Cnn, hidden: vec![16], channels: vec![4, 8], ..ModelSpec::default() };
     let m = model::build(&spec, shape, 10, 0, &Device::Cpu).unwrap();
     assert!(format!("{m:?}").starts_with("Engine"), "{m:?}");
     let tiny = InputShape { channels: 1, height: 3, width: 3 };

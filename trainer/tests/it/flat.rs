@@ -11,8 +11,14 @@ use tandem_api::{ModelKind, ModelSpec};
 
 fn models() -> Vec<Net> {
     let shape = InputShape { channels: 1, height: 8, width: 8 };
-    let mlp = ModelSpec { kind: ModelKind::Mlp, hidden: vec![16, 12], channels: vec![4, 6] };
-    let cnn = ModelSpec { kind: ModelKind::Cnn, hidden: vec![10], channels: vec![3, 5] };
+    let mlp = ModelSpec {
+        kind: ModelKind::Mlp,
+        hidden: vec![16, 12],
+        channels: vec![4, 6],
+        ..ModelSpec::default()
+    };
+    let cnn =
+        ModelSpec { kind: ModelKind::Cnn, hidden: vec![10], channels: vec![3, 5], ..ModelSpec::default() };
     vec![
         Net::new(&mlp, shape, 10, 1, &Device::Cpu).unwrap(),
         Net::new(&cnn, shape, 10, 1, &Device::Cpu).unwrap(),

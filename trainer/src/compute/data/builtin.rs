@@ -1,17 +1,20 @@
-//! The data sets a spec names: the built-in ones (MNIST-5k, scikit-learn's 8×8 digits, seeded
-//! synthetic data), read from the data folder, and a user's files (`source: path`).
+//! The data sets a spec names: the built-in ones (MNIST-5k, scikit-learn's 8×8 digits,
+//! Fashion-MNIST, Shakespeare's text, seeded synthetic images or tokens), read from the data
+//! folder, and a user's files (`source: path`).
 //!
-//! Guarantees: MNIST-5k splits 4,000/1,000 and the digits 1,437/360; pixel values are scaled to
-//! [0, 1]; a missing built-in file is an error that names the command that fetches it.
+//! Guarantees: MNIST-5k splits 4,000/1,000, the digits 1,437/360 and Fashion-MNIST 60,000/10,000
+//! (its own split); pixel values are scaled to [0, 1]; a text is split as [`super::text`] says;
+//! a missing built-in file is an error that names the command that fetches it.
 
 use std::path::{Path, PathBuf};
 
-use tandem_api::{DataSource, DataSpec};
+use tandem_api::{DataSource, DataSpec, TrainingJobSpec};
 
 use super::csv::{CsvOptions, read_csv};
 use super::idx::read_idx;
 use super::split::{Splits, split};
-use super::synthetic::synthetic;
+use super::synthetic::{synthetic, synthetic_tokens};
+use super::text::{BYTE_VOCAB, read_bytes, split_text};
 use super::{DataError, InputShape};
 
 /// File of the MNIST-5k built-in set inside the data folder.
@@ -19,7 +22,41 @@ pub const MNIST5K_FILE: &str = "mnist_5k.csv.gz";
 /// File of the 8×8 digits built-in set inside the data folder.
 pub const DIGITS_FILE: &str = "digits.csv.gz";
 
-/// Loads the training and test sets that `spec` names; built-in files are read from `data_dir`.
+/// Folder of Fashion-MNIST's four IDX files inside the data folder.
+pub const FASHION_MNIST_DIR: &str = "fashion-mnist";
+/// File of Shakespeare's works (plain ASCII text) inside the data folder.
+pub const SHAKESPEARE_FILE: &str = "shakespeare.txt";
+
+/// Loads the training and test sets of the job `spec`: [`load`]'s for a classifier; for a
+/// language model (`model.kind: gpt`) the windows of `model.context` tokens of its text (or of
+/// synthetic tokens).
+pub fn load_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<Splits, DataError> {
+    if !spec.model.kind.is_language_model() {
+        return load(&spec.data, data_dir, spec.training.seed);
+    }
+    let context = spec.model.context.unwrap_or(0) as usize;
+    if context == 0 {
+        return Err(DataError::Config("model kind gpt needs model.context, the tokens per sample".into()));
+    }
+    match spec.data.source {
+        DataSource::Shakespeare => {
+            let path = data_dir.join(SHAKESPEARE_FILE);
+            split_text(&read_bytes(&path)?, context, BYTE_VOCAB, &path.display().to_string())
+        }
+        DataSource::Synthetic => {
+            let n = spec.data.synthetic_samples.unwrap_or(10_000) as usize;
+            let vocab = spec.data.synthetic_classes.unwrap_or(256) as usize;
+            let data = synthetic_tokens(n, context, vocab, spec.training.seed);
+            split(&data, (n / 5).max(1))
+        }
+        other => Err(DataError::Config(format!(
+            "model kind gpt trains on a text: data.source {other:?} is not one; use shakespeare or synthetic"
+        ))),
+    }
+}
+
+/// Loads the training and test sets that `spec` names for a classifier; built-in files are read
+/// from `data_dir`.
 pub fn load(spec: &DataSpec, data_dir: &Path, seed: u64) -> Result<Splits, DataError> {
     let label_column = spec.label_column.map(|c| c as usize);
     match spec.source {
@@ -33,10 +70,19 @@ pub fn load(spec: &DataSpec, data_dir: &Path, seed: u64) -> Result<Splits, DataE
             let opts = CsvOptions { label_column, classes: Some(10), scale: 16.0, shape: Some(shape) };
             split(&read_csv(&data_dir.join(DIGITS_FILE), &opts)?, 360)
         }
+        DataSource::FashionMnist => load_path(&data_dir.join(FASHION_MNIST_DIR), None),
+        DataSource::Shakespeare => {
+            Err(DataError::Config("data.source shakespeare is a text: train it with model.kind gpt".into()))
+        }
         DataSource::Synthetic => {
             let n = spec.synthetic_samples.unwrap_or(10_000) as usize;
-            let shape = InputShape { channels: 1, height: 28, width: 28 };
-            let data = synthetic(n, shape, 10, seed);
+            let shape = match spec.synthetic_shape.as_deref() {
+                Some(&[c, h, w]) => {
+                    InputShape { channels: c as usize, height: h as usize, width: w as usize }
+                }
+                _ => InputShape { channels: 1, height: 28, width: 28 },
+            };
+            let data = synthetic(n, shape, spec.synthetic_classes.unwrap_or(10) as usize, seed);
             split(&data, (n / 5).max(1))
         }
         DataSource::Path => {

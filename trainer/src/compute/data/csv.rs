@@ -173,5 +173,5 @@ pub fn read_csv(path: &Path, opts: &CsvOptions) -> Result<Dataset, DataError> {
     };
     let shape = opts.shape.unwrap_or_else(|| square_shape(columns - 1));
     let classes = opts.classes.unwrap_or_else(|| labels.iter().max().map_or(0, |&m| m as usize + 1));
-    Ok(Dataset { name: path.display().to_string(), shape, classes, features, labels })
+    Ok(Dataset::classified(path.display().to_string(), shape, classes, features, labels))
 }

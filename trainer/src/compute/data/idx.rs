@@ -76,11 +76,11 @@ pub fn read_idx(images: &Path, labels: &Path, classes: usize) -> Result<Dataset,
             format!("label {} is out of range [0, {classes})", lab[i]),
         ));
     }
-    Ok(Dataset {
-        name: images.display().to_string(),
-        shape: InputShape { channels: 1, height: dims[1], width: dims[2] },
+    Ok(Dataset::classified(
+        images.display().to_string(),
+        InputShape { channels: 1, height: dims[1], width: dims[2] },
         classes,
-        features: pixels.iter().map(|&p| p as f32 / 255.0).collect(),
-        labels: lab.iter().map(|&l| l as u32).collect(),
-    })
+        pixels.iter().map(|&p| p as f32 / 255.0).collect(),
+        lab.iter().map(|&l| l as u32).collect(),
+    ))
 }

@@ -25,12 +25,15 @@ pub mod split;
 pub mod stream;
 pub mod synthetic;
 pub mod table;
+pub mod text;
 
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-pub use builtin::{DIGITS_FILE, MNIST5K_FILE, load, load_path};
+pub use builtin::{
+    DIGITS_FILE, FASHION_MNIST_DIR, MNIST5K_FILE, SHAKESPEARE_FILE, load, load_job, load_path,
+};
 pub use csv::{CsvOptions, MAX_CLASSES, read_csv};
 pub use idx::read_idx;
 pub use split::{Splits, split};
@@ -90,25 +93,46 @@ pub enum DataError {
     Config(String),
 }
 
-/// A labelled image classification data set held in memory.
+/// A labelled data set held in memory: images with one class each, or windows of a text's
+/// tokens with the next token as the target at every position.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
     /// Where it came from, for messages.
     pub name: String,
-    /// Sample shape.
+    /// Sample shape (a text's windows are `1 × 1 × context` token ids).
     pub shape: InputShape,
-    /// Number of classes; every label is below it.
+    /// Number of classes (a text's vocabulary); every label is below it.
     pub classes: usize,
     /// `len() × shape.features()` values, sample-major.
     pub features: Vec<f32>,
-    /// One label per sample.
+    /// `positions` labels per sample, sample-major.
     pub labels: Vec<u32>,
+    /// Targets per sample: 1 for a classifier, the context for a text (the next token at every
+    /// position).
+    pub positions: usize,
 }
 
 impl Dataset {
+    /// A classification data set: one label per sample.
+    pub fn classified(
+        name: String,
+        shape: InputShape,
+        classes: usize,
+        features: Vec<f32>,
+        labels: Vec<u32>,
+    ) -> Self {
+        Self { name, shape, classes, features, labels, positions: 1 }
+    }
+
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.labels.len()
+        self.labels.len() / self.positions.max(1)
+    }
+
+    /// The targets of sample `i` (its label, or the next token at each position).
+    pub fn targets(&self, i: usize) -> &[u32] {
+        let k = self.positions.max(1);
+        &self.labels[i * k..(i + 1) * k]
     }
 
     /// Whether there is no sample.
@@ -128,7 +152,7 @@ impl Dataset {
         out.features.reserve(indices.len() * self.shape.features());
         for &i in indices {
             out.features.extend_from_slice(self.sample(i as usize));
-            out.labels.push(self.labels[i as usize]);
+            out.labels.extend_from_slice(self.targets(i as usize));
         }
         out
     }
@@ -140,6 +164,7 @@ impl Dataset {
             classes: self.classes,
             features: Vec::new(),
             labels: Vec::new(),
+            positions: self.positions,
         }
     }
 }

@@ -16,5 +16,13 @@ pub fn synthetic(samples: usize, shape: InputShape, classes: usize, seed: u64) -
         labels.push(c as u32);
         features.extend(protos[c * d..(c + 1) * d].iter().map(|&p| p + 0.5 * rng.normal()));
     }
-    Dataset { name: format!("synthetic(seed {seed})"), shape, classes, features, labels }
+    Dataset::classified(format!("synthetic(seed {seed})"), shape, classes, features, labels)
+}
+
+/// Seeded synthetic tokens for a language model's benchmarks: `samples` windows of `context`
+/// uniformly random ids below `vocab`, each target the next id. Same seed, same data.
+pub fn synthetic_tokens(samples: usize, context: usize, vocab: usize, seed: u64) -> Dataset {
+    let mut rng = Rng::derive(seed, 0x70c5);
+    let stream: Vec<u32> = (0..samples * context + 1).map(|_| rng.below(vocab as u64) as u32).collect();
+    super::text::windows(&stream, context, vocab, format!("synthetic tokens(seed {seed})"))
 }

@@ -109,7 +109,7 @@ impl Loader {
         let start = at.batch as usize * self.batch_size;
         for &i in &self.order[start..start + self.batch_size] {
             x.extend_from_slice(self.data.sample(i as usize));
-            y.push(self.data.labels[i as usize]);
+            y.extend_from_slice(self.data.targets(i as usize));
         }
         self.cursor = if at.batch + 1 == self.batches_per_epoch() {
             DataCursor { epoch: at.epoch + 1, batch: 0 }

@@ -12,8 +12,8 @@
 //!
 //! Threads: one fork-join pool per model, of [`threads`] threads.
 
-use tandem_api::{ModelKind, ModelSpec};
-use tandem_kernels::models;
+use tandem_api::{ModelKind, ModelSpec, VggVariant};
+use tandem_kernels::models::{self, GptConfig, ResNetConfig, ResNetFamily, VggConfig};
 use tandem_kernels::net::{self as knet, NetError, Network};
 
 use super::{Batch, BatchStats, Model, ModelError};
@@ -51,6 +51,10 @@ pub fn threads() -> Result<usize, ModelError> {
 /// A model family on the engine.
 pub struct Engine {
     net: Network,
+    /// Whether the network reads token ids (a GPT): the batch's values are then whole token ids,
+    /// converted into `ids` before each step.
+    tokens: bool,
+    ids: Vec<u32>,
     layout: FlatLayout,
     state_layout: FlatLayout,
     seed: u64,
@@ -81,25 +85,11 @@ impl Engine {
         if let Some(w) = spec.hidden.iter().find(|&&w| w == 0) {
             return Err(ModelError::Spec(format!("model.hidden widths must be at least 1, got {w}")));
         }
-        let hidden: Vec<usize> = spec.hidden.iter().map(|&w| w as usize).collect();
-        let net = match spec.kind {
-            ModelKind::Mlp => models::mlp(input.features(), &hidden, classes, threads),
-            ModelKind::Cnn => {
-                let channels = match spec.channels.as_slice() {
-                    &[a, b] if a >= 1 && b >= 1 => [a as usize, b as usize],
-                    other => {
-                        return Err(ModelError::Spec(format!(
-                            "model.channels needs exactly two values >= 1 (one per convolution block), got {other:?}"
-                        )));
-                    }
-                };
-                models::lenet((input.channels, input.height, input.width), channels, &hidden, classes, threads)
-            }
-        }
-        .map_err(spec_error)?;
+        let net = network(spec, input, classes, threads)?;
         let layout = FlatLayout::new(net.params().iter().map(|e| (e.name.as_str(), e.shape.as_slice())));
         let state_layout = FlatLayout::new(net.state().iter().map(|e| (e.name.as_str(), e.shape.as_slice())));
-        Ok(Self { net, layout, state_layout, seed, device: Device::Cpu })
+        let tokens = spec.kind.is_language_model();
+        Ok(Self { net, tokens, ids: Vec::new(), layout, state_layout, seed, device: Device::Cpu })
     }
 
     /// The engine network (for profiling and benchmarks).
@@ -111,6 +101,96 @@ impl Engine {
     pub fn threads(&self) -> usize {
         self.net.threads()
     }
+}
+
+/// The engine network of `spec` for inputs of `input` and `classes` classes (the vocabulary of
+/// a language model, whose samples are `model.context` token ids).
+fn network(
+    spec: &ModelSpec,
+    input: InputShape,
+    classes: usize,
+    threads: usize,
+) -> Result<Network, ModelError> {
+    let image = (input.channels, input.height, input.width);
+    let need = |field: &str, v: Option<u32>| {
+        v.map(|v| v as usize)
+            .ok_or_else(|| ModelError::Spec(format!("model kind {} needs model.{field}", spec.kind.name())))
+    };
+    let hidden: Vec<usize> = spec.hidden.iter().map(|&w| w as usize).collect();
+    let net = match spec.kind {
+        ModelKind::Mlp => models::mlp(input.features(), &hidden, classes, threads),
+        ModelKind::Cnn => {
+            let channels = match spec.channels.as_slice() {
+                &[a, b] if a >= 1 && b >= 1 => [a as usize, b as usize],
+                other => {
+                    return Err(ModelError::Spec(format!(
+                        "model.channels needs exactly two values >= 1 (one per convolution block), got {other:?}"
+                    )));
+                }
+            };
+            models::lenet(image, channels, &hidden, classes, threads)
+        }
+        ModelKind::Resnet => {
+            let depth = need("depth", spec.depth)?;
+            let family = ResNetFamily::for_depth(depth).map_err(spec_error)?;
+            let standard = ResNetConfig::standard(depth).map_err(spec_error)?;
+            let width = spec.width.map_or(standard.width, |w| w as usize);
+            models::resnet(ResNetConfig { depth, family, width }, image, classes, threads)
+        }
+        ModelKind::Vgg => {
+            let variant = match spec.variant.unwrap_or_default() {
+                VggVariant::A => models::VggVariant::A,
+                VggVariant::D => models::VggVariant::Vgg16,
+            };
+            let standard = VggConfig::standard(variant);
+            let cfg = VggConfig {
+                variant,
+                width: spec.width.map_or(standard.width, |w| w as usize),
+                hidden: spec.classifier_width.map_or(standard.hidden, |w| w as usize),
+            };
+            models::vgg(cfg, image, classes, threads)
+        }
+        ModelKind::Gpt => {
+            let context = need("context", spec.context)?;
+            if input.features() != context {
+                return Err(ModelError::Spec(format!(
+                    "model.context is {context} tokens but the data's samples have {} values; a GPT trains on a \
+                     text source (data.source shakespeare or synthetic), whose samples are model.context tokens",
+                    input.features()
+                )));
+            }
+            let cfg = GptConfig {
+                vocab: classes,
+                context,
+                layers: need("layers", spec.layers)?,
+                heads: need("heads", spec.heads)?,
+                width: need("dim", spec.dim)?,
+            };
+            if !cfg.width.is_multiple_of(cfg.heads) {
+                return Err(ModelError::Spec(format!(
+                    "model.heads ({}) must divide model.dim ({})",
+                    cfg.heads, cfg.width
+                )));
+            }
+            models::gpt(cfg, threads)
+        }
+    };
+    net.map_err(spec_error)
+}
+
+/// Token ids from a batch's values: each must be a whole number (the vocabulary check is the
+/// network's).
+fn token_ids(values: &[f32], ids: &mut Vec<u32>) -> Result<(), ModelError> {
+    ids.clear();
+    for (i, &v) in values.iter().enumerate() {
+        if !(v >= 0.0 && v.fract() == 0.0 && v < u32::MAX as f32) {
+            return Err(ModelError::Spec(format!(
+                "value {v} at position {i} of the batch is not a token id; a GPT trains on a text source"
+            )));
+        }
+        ids.push(v as u32);
+    }
+    Ok(())
 }
 
 /// A build error of the engine as a spec error ("invalid network: " dropped, the message says what).
@@ -156,14 +236,13 @@ impl Model for Engine {
         grads: &mut [f32],
         batch: Batch<'_>,
     ) -> Result<BatchStats, ModelError> {
-        let s = self.net.forward_backward(
-            params,
-            state,
-            grads,
-            knet::Batch::Values(batch.features),
-            batch.labels,
-        )?;
-        Ok(stats(s))
+        let input = if self.tokens {
+            token_ids(batch.features, &mut self.ids)?;
+            knet::Batch::Tokens(&self.ids)
+        } else {
+            knet::Batch::Values(batch.features)
+        };
+        Ok(stats(self.net.forward_backward(params, state, grads, input, batch.labels)?))
     }
 
     fn evaluate(
@@ -172,6 +251,12 @@ impl Model for Engine {
         state: &[f32],
         batch: Batch<'_>,
     ) -> Result<BatchStats, ModelError> {
-        Ok(stats(self.net.evaluate(params, state, knet::Batch::Values(batch.features), batch.labels)?))
+        let input = if self.tokens {
+            token_ids(batch.features, &mut self.ids)?;
+            knet::Batch::Tokens(&self.ids)
+        } else {
+            knet::Batch::Values(batch.features)
+        };
+        Ok(stats(self.net.evaluate(params, state, input, batch.labels)?))
     }
 }

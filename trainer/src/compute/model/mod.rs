@@ -4,11 +4,12 @@
 //! [`Model::layout`], non-trainable state of its [`Model::state_layout`] — which the training loop
 //! owns ([`crate::compute::params::ParamStore`]). Nothing in the trait is tied to a framework: a
 //! model may keep preallocated activations and device copies inside itself and compute its
-//! forward and backward passes by hand, or hand them to a framework. Today's families, an MLP
-//! and a LeNet-style CNN, have two backends: Tandem's compute engine ([`engine`], the CPU's: the
-//! layers compute in place on the flat buffers) and candle ([`net`], built from [`mlp`], [`cnn`]
-//! and [`layers`]: the CUDA path, and a reference in tests). [`build`] picks the family from
-//! `spec.model` and the backend from the device.
+//! forward and backward passes by hand, or hand them to a framework. The families — an MLP, a
+//! LeNet-style CNN, ResNet, VGG and a GPT — run on Tandem's compute engine ([`engine`], the CPU's:
+//! the layers compute in place on the flat buffers); the MLP and the CNN also on candle ([`net`],
+//! built from [`mlp`], [`cnn`] and [`layers`]: the CUDA path, and a reference in tests), which
+//! refuses the others by name. [`build`] picks the family from `spec.model` and the backend from
+//! the device.
 //!
 //! Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …); see
 //! [`crate::compute::params`] for the flat order.
@@ -65,23 +66,27 @@ fn ctx(op: &'static str) -> impl FnOnce(candle_core::Error) -> ModelError {
     move |source| ModelError::Candle { op, source }
 }
 
-/// One batch: `labels.len()` samples of `features.len() / labels.len()` values each.
+/// One batch: for a classifier, `labels.len()` samples of `features.len() / labels.len()` values
+/// each; for a language model, windows of `context` token ids (whole numbers as values) with the
+/// next token of every position as its labels (`labels.len() == features.len()`).
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
-    /// Sample-major features.
+    /// Sample-major features (token ids for a language model).
     pub features: &'a [f32],
-    /// One class per sample.
+    /// One class per sample, or one next token per position.
     pub labels: &'a [u32],
 }
 
 /// Loss and accuracy of one batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchStats {
-    /// Mean cross-entropy over the batch.
+    /// Mean cross-entropy over the batch's targets (nats per token for a language model: its
+    /// perplexity is `exp(loss)`).
     pub loss: f32,
     /// Correct predictions.
     pub correct: usize,
-    /// Samples in the batch.
+    /// Targets in the batch: samples of a classifier, tokens of a language model (so rates are
+    /// tokens per second there).
     pub samples: usize,
 }
 

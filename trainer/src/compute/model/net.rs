@@ -14,7 +14,7 @@ use tandem_api::{ModelKind, ModelSpec};
 
 use super::cnn::LeNet;
 use super::mlp::Mlp;
-use super::{Batch, BatchStats, Model, ModelError, ctx};
+use super::{BACKEND_ENV, Batch, BatchStats, Model, ModelError, ctx};
 use crate::compute::data::InputShape;
 use crate::compute::device;
 use crate::compute::params::{FlatError, FlatLayout};
@@ -91,6 +91,14 @@ impl Net {
             ModelKind::Mlp => Arch::Mlp(Mlp::declare(&mut params, input.features(), &hidden, classes)?),
             ModelKind::Cnn => {
                 Arch::Cnn(LeNet::declare(&mut params, input, &spec.channels, &hidden, classes, &candle)?)
+            }
+            kind @ (ModelKind::Resnet | ModelKind::Vgg | ModelKind::Gpt) => {
+                return Err(ModelError::Spec(format!(
+                    "model kind {} runs on Tandem's CPU engine only; the candle backend (CUDA devices, and \
+                     {BACKEND_ENV}=candle on the CPU) has mlp and cnn: train it with --device cpu and \
+                     {BACKEND_ENV} unset (or engine)",
+                    kind.name()
+                )));
             }
         };
         let Declare { names, vars, .. } = params;
