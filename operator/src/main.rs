@@ -219,8 +219,10 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     });
-    let controller_task = tokio::spawn(prepared.run(fired(stop_rx.clone())));
+    let mut controller_task = tokio::spawn(prepared.run(fired(stop_rx.clone())));
     let mut lost = false;
+    // Reconcile until a signal (or, leading, until the Lease is lost); only then is the grace
+    // below counted.
     if let Some(elector) = &elector {
         tokio::select! {
             () = elector.renew_until_lost() => {
@@ -228,6 +230,14 @@ async fn main() -> anyhow::Result<()> {
                 let _ = stop_tx.send(true);
             }
             () = fired(stop_rx.clone()) => {}
+        }
+    } else {
+        tokio::select! {
+            () = fired(stop_rx.clone()) => {}
+            joined = &mut controller_task => {
+                joined.context("the controller task panicked")?;
+                anyhow::bail!("the controller stopped by itself; exiting so that the Deployment restarts it");
+            }
         }
     }
     // Bounded: in-flight reconciles may wait on an API server that does not answer.

@@ -49,9 +49,16 @@ async fn stops_promptly(extra: &[&str]) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Long enough to be inside its first requests to the silent API server.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(child.try_wait().unwrap().is_none(), "the operator exited before it was signalled");
+    // Inside its first requests to the silent API server, and past its shutdown grace: the grace
+    // counts only from the signal, an operator that is not signalled keeps running.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    if let Some(status) = child.try_wait().unwrap() {
+        let output = child.wait_with_output().unwrap();
+        panic!(
+            "the operator ({extra:?}) exited by itself ({status:?}) before it was signalled:\n{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
     let signalled = Instant::now();
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
