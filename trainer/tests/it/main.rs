@@ -24,6 +24,7 @@ mod flat;
 mod launcher;
 mod optim;
 mod ps_faults;
+mod ps_hostile;
 mod ps_modes;
 mod ps_status;
 mod ps_training;
