@@ -97,7 +97,10 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
     let driver = tokio::spawn(connection);
     let request = hyper::Request::get(contract::STATUS_PATH)
         .header(hyper::header::HOST, addr.to_string())
-        .header(hyper::header::AUTHORIZATION, authorization(token, contract::STATUS_PATH).map_err(unreachable)?)
+        .header(
+            hyper::header::AUTHORIZATION,
+            authorization(token, contract::STATUS_PATH).map_err(unreachable)?,
+        )
         .body(Empty::<Bytes>::new())
         .map_err(|e| unreachable(e.to_string()))?;
     let result = async {
@@ -127,9 +130,7 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
 /// The `Authorization` value of a `GET` of `target` now: a [`status_auth`] proof of `token`.
 fn authorization(token: &str, target: &str) -> Result<String, String> {
     use ring::rand::SecureRandom;
-    let unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut nonce = [0u8; status_auth::NONCE_HEX_LEN / 2];
     ring::rand::SystemRandom::new()
         .fill(&mut nonce)
@@ -215,7 +216,8 @@ mod tests {
     #[test]
     fn the_request_is_signed_as_tandem_ps_checks_it() {
         // The same vector the trainer's status endpoint checks (trainer/src/ps/server/http.rs).
-        let header = signed("ps-test-token-7f3a", "/status", 1_700_000_000, "00112233445566778899aabbccddeeff");
+        let header =
+            signed("ps-test-token-7f3a", "/status", 1_700_000_000, "00112233445566778899aabbccddeeff");
         assert_eq!(
             header,
             "Tandem-HMAC ts=1700000000, nonce=00112233445566778899aabbccddeeff, \

@@ -78,7 +78,10 @@ mod tests {
         let mac = "7d8f647cdb62af56414e7fdf6317e46ea012a04fadc39ae3481e8908af0fa1e3";
         let value = header(1_700_000_000, nonce, mac);
         let parsed = parse(&value).unwrap();
-        assert_eq!((parsed.timestamp, parsed.nonce.as_str(), parsed.mac.as_str()), (1_700_000_000, nonce, mac));
+        assert_eq!(
+            (parsed.timestamp, parsed.nonce.as_str(), parsed.mac.as_str()),
+            (1_700_000_000, nonce, mac)
+        );
         for bad in [
             "Bearer abc".to_owned(),
             format!("{SCHEME} ts=1, nonce={nonce}"),

@@ -23,7 +23,13 @@ fn raw(addr: &str) -> TcpStream {
     raw_challenged(addr).0
 }
 
-pub fn hello(token: &str, challenge: &[u8; wire::NONCE_LEN], peer: Peer, total_len: u64, total_steps: u64) -> Frame {
+pub fn hello(
+    token: &str,
+    challenge: &[u8; wire::NONCE_LEN],
+    peer: Peer,
+    total_len: u64,
+    total_steps: u64,
+) -> Frame {
     let nonce = [0x5c; wire::NONCE_LEN];
     let proof = wire::hello_proof(token.as_bytes(), challenge, &nonce, peer, total_len, total_steps);
     Frame::Hello { proof, nonce, peer, total_len, total_steps }

@@ -66,7 +66,9 @@ fn before_its_hello_a_connection_gets_one_answer_and_then_the_close() {
     // A hello larger than a hello can be is refused from its header, before its body is read.
     let (mut s, _) = raw_challenged(&ps.addr);
     s.write_all(&header(16 << 20, PROTOCOL_VERSION, wire::HELLO_KIND)).unwrap();
-    let Frame::Error { code: ErrorCode::TooLarge, message } = reply(&mut s) else { panic!("too large expected") };
+    let Frame::Error { code: ErrorCode::TooLarge, message } = reply(&mut s) else {
+        panic!("too large expected")
+    };
     assert!(message.contains(&format!("limit of {} bytes", wire::MAX_HELLO_FRAME)), "{message}");
     assert!(closed(&mut s));
 
@@ -126,7 +128,9 @@ fn many_hostile_connections_do_not_keep_a_real_client_from_its_hello() {
     // (past the bound of 256 in all).
     let mut silent = Vec::new();
     for i in 0..400 {
-        silent.push(connect_from(&rt, Ipv4Addr::new(127, 0, 0, 2), &ps.addr).unwrap_or_else(|e| panic!("{i}: {e}")));
+        silent.push(
+            connect_from(&rt, Ipv4Addr::new(127, 0, 0, 2), &ps.addr).unwrap_or_else(|e| panic!("{i}: {e}")),
+        );
     }
     for host in 10..20 {
         for _ in 0..40 {
@@ -160,8 +164,11 @@ fn many_hostile_connections_do_not_keep_a_real_client_from_its_hello() {
     client.join().unwrap();
     let held = one_frame.join().unwrap();
     // Served again after the flood of one-frame connections, and an observer too.
-    let mut observer =
-        PsClient::connect(ClientConfig { request_timeout: Duration::from_secs(10), ..ClientConfig::observer(vec![ps.addr.clone()], TOKEN) }).unwrap();
+    let mut observer = PsClient::connect(ClientConfig {
+        request_timeout: Duration::from_secs(10),
+        ..ClientConfig::observer(vec![ps.addr.clone()], TOKEN)
+    })
+    .unwrap();
     let status = observer.status(0).unwrap();
     let refused = status["refused"].as_u64().unwrap();
     println!(
@@ -231,7 +238,10 @@ fn a_flood_from_unauthenticated_peers_does_not_grow_the_server() {
         after_small as f64 / MIB as f64,
         after_big as f64 / MIB as f64
     );
-    assert!(after_small < before + 32 * MIB, "the small-frame flood grew the server: {before} → {after_small}");
+    assert!(
+        after_small < before + 32 * MIB,
+        "the small-frame flood grew the server: {before} → {after_small}"
+    );
     assert!(after_big < before + 32 * MIB, "20 × 16 MiB hellos grew the server: {before} → {after_big}");
     let log = std::fs::metadata(&ps.log).unwrap().len();
     println!("PS log: {log} bytes");
@@ -253,7 +263,10 @@ fn an_absurd_hello_size_is_refused_on_the_wire_and_the_shard_lives_on() {
         let Frame::Error { code: ErrorCode::Mismatch, message } = reply(&mut s) else {
             panic!("{absurd}: a refusal expected")
         };
-        assert!(message.contains(&format!("{absurd}-value")) && message.contains("at most 235146"), "{message}");
+        assert!(
+            message.contains(&format!("{absurd}-value")) && message.contains("at most 235146"),
+            "{message}"
+        );
         assert!(closed(&mut s));
     }
     // The shard was not sized by any of them and serves the plan's length.
@@ -267,5 +280,7 @@ fn an_absurd_hello_size_is_refused_on_the_wire_and_the_shard_lives_on() {
     drop(client);
     let status = ps.terminate();
     assert!(status.success(), "a healthy shard stops cleanly: {status:?}");
-    eventually("the final checkpoint", || job.output().join("ps-0").read_dir().is_ok_and(|mut d| d.next().is_some()));
+    eventually("the final checkpoint", || {
+        job.output().join("ps-0").read_dir().is_ok_and(|mut d| d.next().is_some())
+    });
 }

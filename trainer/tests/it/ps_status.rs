@@ -233,7 +233,10 @@ fn slow_peers_on_the_status_port_do_not_delay_the_health_probe() {
             assert_eq!(code, Some(200), "probe {round} under {slow} slow peers");
             answered += 1;
         }
-        println!("{answered} of 12 health probes answered under {slow} slow peers, in {:?}", started.elapsed());
+        println!(
+            "{answered} of 12 health probes answered under {slow} slow peers, in {:?}",
+            started.elapsed()
+        );
     }
     // The endpoint still serves status to the token holder.
     assert_eq!(get(&ps.status, "/status", Some(TOKEN)).0, 200);

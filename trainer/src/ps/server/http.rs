@@ -187,8 +187,7 @@ pub type Query = mpsc::Sender<oneshot::Sender<StatusDocument>>;
 
 /// Serves `listener` until the task is dropped or aborted; `/healthz` reports `health`.
 pub async fn serve(listener: StatusListener, token: Arc<str>, query: Query, health: Health) {
-    let admission =
-        Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
+    let admission = Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
     let seen = Arc::new(Mutex::new(Nonces::default()));
     loop {
         let (mut stream, peer) = match listener.listener.accept().await {
@@ -200,7 +199,12 @@ pub async fn serve(listener: StatusListener, token: Arc<str>, query: Query, heal
             }
         };
         let ticket = admission.admit(peer.ip());
-        let cx = Endpoint { token: token.clone(), query: query.clone(), health: health.clone(), seen: seen.clone() };
+        let cx = Endpoint {
+            token: token.clone(),
+            query: query.clone(),
+            health: health.clone(),
+            seen: seen.clone(),
+        };
         tokio::spawn(async move {
             let head = tokio::select! {
                 _ = ticket.evicted() => return,
@@ -267,7 +271,10 @@ fn refuse_auth(request: &Request, token: &str, seen: &Mutex<Nonces>, now: u64) -
         ));
     }
     let Some(c) = status_auth::parse(value) else {
-        return Some(format!("the Authorization header is not `{} ts=…, nonce=…, mac=…`\n", status_auth::SCHEME));
+        return Some(format!(
+            "the Authorization header is not `{} ts=…, nonce=…, mac=…`\n",
+            status_auth::SCHEME
+        ));
     };
     if c.timestamp.abs_diff(now) > status_auth::MAX_SKEW_SECONDS {
         return Some(format!(
@@ -493,9 +500,11 @@ mod tests {
         assert_eq!(refuse_auth(&signed, token, &seen, ts + 10), None);
         let replay = refuse_auth(&signed, token, &seen, ts + 11).unwrap();
         assert!(replay.contains("used already"), "{replay}");
-        let other_path = request("/metrics", Some(status_auth::header(ts, "ff112233445566778899aabbccddeeff", mac)));
+        let other_path =
+            request("/metrics", Some(status_auth::header(ts, "ff112233445566778899aabbccddeeff", mac)));
         assert!(refuse_auth(&other_path, token, &seen, ts).unwrap().contains("does not match"));
-        let stale = request("/status", Some(status_auth::header(ts, "aa112233445566778899aabbccddeeff", mac)));
+        let stale =
+            request("/status", Some(status_auth::header(ts, "aa112233445566778899aabbccddeeff", mac)));
         assert!(refuse_auth(&stale, token, &seen, ts + 301).unwrap().contains("more than 300 s"));
         let bearer = request("/status", Some(format!("Bearer {token}")));
         assert!(refuse_auth(&bearer, token, &seen, ts).unwrap().contains("no longer takes"));

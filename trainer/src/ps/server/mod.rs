@@ -620,8 +620,8 @@ impl FrameReader {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use tandem_api::job::OptimizerSpec;
     use tandem_api::PsMode;
+    use tandem_api::job::OptimizerSpec;
 
     fn config() -> ServerConfig {
         ServerConfig::new(ShardConfig {
