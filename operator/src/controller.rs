@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
@@ -107,6 +108,38 @@ pub enum Error {
     /// Secret material could not be generated.
     #[error(transparent)]
     Random(#[from] secrets::RandomError),
+    /// A child's name is taken by an object this job does not own: the job fails, and the object
+    /// is left as it is.
+    #[error(
+        "{kind} {namespace}/{name} already exists and is not owned by this TrainingJob ({owners}); the operator does not take over objects it did not create: delete or rename that {kind}, or give the job another name"
+    )]
+    Conflict {
+        /// The kind of the object.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Who owns it, in words.
+        owners: String,
+    },
+    /// A child's name is still taken by the child of an earlier job of the same name, which the
+    /// garbage collector has not removed yet; retried.
+    #[error(
+        "{kind} {namespace}/{name} still belongs to an earlier TrainingJob {job} (uid {uid}); waiting for the garbage collector to remove it"
+    )]
+    Predecessor {
+        /// The kind of the object.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The earlier job's name (this job's).
+        job: String,
+        /// The earlier job's UID.
+        uid: String,
+    },
 }
 
 impl Error {
@@ -119,6 +152,8 @@ impl Error {
             Error::Status { .. } => "status",
             Error::PodGroup { .. } => "podgroup",
             Error::Random(_) => "internal",
+            Error::Conflict { .. } => "conflict",
+            Error::Predecessor { .. } => "predecessor",
         }
     }
 }
@@ -141,9 +176,13 @@ pub struct Context {
     pub concurrency: u16,
     /// How often what is remembered of deleted jobs (known Secrets, tokens) is dropped.
     pub prune_every: Duration,
+    /// Give every job a NetworkPolicy that admits only its own pods, and these operator pods to
+    /// the status port (`--network-policy`); `None`: no policy.
+    pub network_policy: Option<builder::OperatorPeer>,
     /// The reflector stores, set by [`JobController::new`]; without them every read goes to the API.
     caches: OnceLock<Caches>,
-    /// `<job uid>/<secret name>` of the Secrets known to exist (found or created).
+    /// `<job uid>/<secret name>` of the Secrets known to exist (found or created), and
+    /// `<job uid>/NetworkPolicy/<hash>` of the NetworkPolicies applied.
     known_secrets: Mutex<HashSet<String>>,
     /// Failed reconciles in a row, for [`error_policy`]'s back-off.
     failures: Failures,
@@ -198,6 +237,7 @@ impl Context {
             progress_every: progress::POLL_EVERY,
             concurrency: DEFAULT_CONCURRENCY,
             prune_every: DEFAULT_PRUNE_EVERY,
+            network_policy: None,
             caches: OnceLock::new(),
             known_secrets: Mutex::new(HashSet::new()),
             failures: Failures::default(),
@@ -331,6 +371,60 @@ where
     })
 }
 
+/// Whether an existing child `name` of `kind` (its metadata `meta`) may be used by `job`: it must
+/// carry an owner reference with the job's UID. The child of an earlier job of the same name (the
+/// garbage collector has not caught up) is a [`Error::Predecessor`], retried; anything else is an
+/// [`Error::Conflict`] that fails the job.
+fn check_owner(
+    job: &ValidatedJob<'_>,
+    kind: &'static str,
+    name: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<(), Error> {
+    let owners = meta.owner_references.as_deref().unwrap_or_default();
+    if owners.iter().any(|o| o.uid == job.uid) {
+        return Ok(());
+    }
+    let namespace = job.namespace.to_owned();
+    if let Some(earlier) = owners.iter().find(|o| o.kind == TrainingJob::kind(&()) && o.name == job.name) {
+        return Err(Error::Predecessor {
+            kind,
+            namespace,
+            name: name.to_owned(),
+            job: job.name.to_owned(),
+            uid: earlier.uid.clone(),
+        });
+    }
+    let owners = if owners.is_empty() {
+        "it has no owner".to_owned()
+    } else {
+        let list: Vec<String> =
+            owners.iter().map(|o| format!("{} {} (uid {})", o.kind, o.name, o.uid)).collect();
+        format!("owned by {}", list.join(", "))
+    };
+    Err(Error::Conflict { kind, namespace, name: name.to_owned(), owners })
+}
+
+/// Reads the metadata of child `name` (if it exists) and checks that `job` owns it.
+async fn check_existing<K>(
+    job: &ValidatedJob<'_>,
+    api: &Api<K>,
+    kind: &'static str,
+    name: &str,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let meta = api
+        .get_metadata_opt(name)
+        .await
+        .map_err(|source| Error::Read { what: format!("{kind} {name}"), source })?;
+    match meta {
+        Some(meta) => check_owner(job, kind, name, &meta.metadata),
+        None => Ok(()),
+    }
+}
+
 /// Creates a Secret unless it exists: Secrets hold generated material that must not change.
 /// A Secret found or created once is remembered for the job's UID, and not read again.
 async fn create_once(
@@ -345,7 +439,8 @@ async fn create_once(
         return Ok(());
     }
     let read = |source| Error::Read { what: format!("Secret {name}"), source };
-    if api.get_opt(name).await.map_err(read)?.is_some() {
+    if let Some(existing) = api.get_opt(name).await.map_err(read)? {
+        check_owner(job, "Secret", name, &existing.metadata)?;
         ctx.remember_secret(key);
         return Ok(());
     }
@@ -367,6 +462,10 @@ async fn create_once(
             Ok(())
         }
         Err(e) if is_status(&e, 409) => {
+            // Created meanwhile, by an earlier reconcile or by someone else.
+            if let Some(existing) = api.get_opt(name).await.map_err(read)? {
+                check_owner(job, "Secret", name, &existing.metadata)?;
+            }
             ctx.remember_secret(key);
             Ok(())
         }
@@ -380,7 +479,20 @@ async fn ensure_children(job: &ValidatedJob<'_>, ctx: &Context) -> Result<(), Er
     let caches = ctx.caches();
     let (service, hash) = with_hash(builder::service(job));
     if !up_to_date(caches.map(|c| &c.services), ns, &service.name_any(), &hash) {
-        apply(&Api::<Service>::namespaced(client.clone(), ns), &service).await?;
+        // Forced server-side apply would take over any object of that name: check it is ours.
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        check_existing(job, &services, "Service", &service.name_any()).await?;
+        apply(&services, &service).await?;
+    }
+    if let Some(operator) = &ctx.network_policy {
+        let (policy, hash) = with_hash(builder::network_policy(job, operator));
+        let key = format!("{}/NetworkPolicy/{hash}", job.uid);
+        if !ctx.secret_known(&key) {
+            let policies = Api::<NetworkPolicy>::namespaced(client.clone(), ns);
+            check_existing(job, &policies, "NetworkPolicy", &policy.name_any()).await?;
+            apply(&policies, &policy).await?;
+            ctx.remember_secret(key);
+        }
     }
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
     let mut wanted = vec![builder::config_map(job)];
@@ -399,6 +511,7 @@ async fn ensure_children(job: &ValidatedJob<'_>, ctx: &Context) -> Result<(), Er
     for cm in wanted {
         let (cm, hash) = with_hash(cm);
         if !up_to_date(caches.map(|c| &c.config_maps), ns, &cm.name_any(), &hash) {
+            check_existing(job, &config_maps, "ConfigMap", &cm.name_any()).await?;
             apply(&config_maps, &cm).await?;
         }
     }
@@ -598,7 +711,12 @@ async fn reject(
     ctx: &Context,
     error: &validate::ValidationError,
 ) -> Result<Action, Error> {
-    let message = error.to_string();
+    fail_once(job, ctx, "InvalidSpec", error.to_string()).await
+}
+
+/// Fails the job (phase `Failed`, a `Failed` condition with `reason` and `message`, an Event),
+/// unless it already failed with that message.
+async fn fail_once(job: &TrainingJob, ctx: &Context, reason: &str, message: String) -> Result<Action, Error> {
     let mut status = job.status.clone().unwrap_or_default();
     let already = status
         .conditions
@@ -613,7 +731,7 @@ async fn reject(
             &mut status.conditions,
             condition::FAILED,
             true,
-            "InvalidSpec",
+            reason,
             &message,
             now,
             job.metadata.generation,
@@ -621,7 +739,7 @@ async fn reject(
         // A job without a namespace did not come from the API server; writing fails and says so.
         let namespace = job.namespace().unwrap_or_default();
         write_status(ctx, &namespace, &job.name_any(), &status).await?;
-        publish(&job.object_ref(&()), ctx, true, "InvalidSpec", &message).await;
+        publish(&job.object_ref(&()), ctx, true, reason, &message).await;
     }
     Ok(Action::await_change())
 }
@@ -702,7 +820,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     }
 
     if plan.ensure_children {
-        ensure_children(job, ctx).await?;
+        match ensure_children(job, ctx).await {
+            Err(e @ Error::Conflict { .. }) => {
+                return fail_once(raw, ctx, "NameConflict", e.to_string()).await;
+            }
+            other => other?,
+        }
     }
     sync_pod_group(job, ctx, plan.want_pod_group).await?;
     // Without a restart the plan raises no attempt, so pods may come first: a crash before the

@@ -19,6 +19,10 @@
 //! | Secret | `<job>-ssh` | `backend: mpi`; Ed25519 key, created once |
 //! | ConfigMap | `<job>-g<g>-hostfile` | `backend: mpi`; OpenMPI hostfile of group `g` |
 //! | PodGroup | `<job>` | `runPolicy.scheduling.gang` (Volcano or scheduler-plugins) |
+//! | NetworkPolicy | `<job>` | `--network-policy`: ingress from the job's pods, and the operator's to the status port |
+//!
+//! Each is adopted only if it carries the job's owner reference; an object of that name owned by
+//! anyone else fails the job (`NameConflict`) and is left alone.
 //!
 //! # Progress from the trainer
 //!

@@ -57,6 +57,32 @@ struct Args {
     /// parameter server are not polled).
     #[arg(long, default_value_t = 10)]
     progress_every: u64,
+    /// Give every job a NetworkPolicy: its pods admit only the job's own pods, and this
+    /// operator's pods (namespace `--lease-namespace`, labels `--operator-labels`) on the PS
+    /// status port.
+    #[arg(long, env = "TANDEM_NETWORK_POLICY")]
+    network_policy: bool,
+    /// Labels of this operator's pods, `key=value,…`, for the NetworkPolicy's rule that admits it.
+    #[arg(long, env = "TANDEM_OPERATOR_LABELS", default_value = "app.kubernetes.io/name=tandem")]
+    operator_labels: String,
+}
+
+/// How long in-flight work may take once a shutdown signal came: SIGTERM must stop the operator
+/// well inside a pod's default 30 s grace period, even while the API server does not answer.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// `key=value,…` as labels; the message names the bad part.
+fn parse_labels(text: &str) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| match part.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+            _ => anyhow::bail!(
+                "--operator-labels: {part:?} is not key=value; write e.g. app.kubernetes.io/name=tandem"
+            ),
+        })
+        .collect()
 }
 
 fn init_logging(format: &str) {
@@ -117,6 +143,15 @@ async fn main() -> anyhow::Result<()> {
     let mut ctx = Context::new(client.clone(), metrics.clone(), settings, Some(identity.clone()));
     ctx.concurrency = args.concurrency;
     ctx.progress_every = Duration::from_secs(args.progress_every.max(1));
+    if args.network_policy {
+        let labels = parse_labels(&args.operator_labels)?;
+        anyhow::ensure!(
+            !labels.is_empty(),
+            "--network-policy needs --operator-labels to select this operator's pods"
+        );
+        ctx.network_policy =
+            Some(tandem_operator::builder::OperatorPeer { namespace: args.lease_namespace.clone(), labels });
+    }
     let ctx = Arc::new(ctx);
     let prepared = JobController::new(ctx, &Scope { namespace: args.namespace.clone() });
     let refresh_store = prepared.store();
@@ -157,7 +192,8 @@ async fn main() -> anyhow::Result<()> {
         tokio::select! {
             () = acquired => tracing::info!(%identity, "leading"),
             () = fired(stop_rx.clone()) => {
-                let _ = server_task.await;
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, server_task).await;
+                tracing::info!("stopped");
                 return Ok(());
             }
         }
@@ -194,15 +230,29 @@ async fn main() -> anyhow::Result<()> {
             () = fired(stop_rx.clone()) => {}
         }
     }
-    controller_task.await.context("the controller task panicked")?;
+    // Bounded: in-flight reconciles may wait on an API server that does not answer.
+    match tokio::time::timeout(SHUTDOWN_GRACE, controller_task).await {
+        Ok(joined) => joined.context("the controller task panicked")?,
+        Err(_) => tracing::warn!(
+            grace_seconds = SHUTDOWN_GRACE.as_secs(),
+            "in-flight reconciles did not finish within the grace period; stopping without them"
+        ),
+    }
     if let Some(elector) = &elector
         && !lost
-        && let Err(e) = elector.release().await
     {
-        tracing::warn!(error = %e, "cannot release the leader Lease; a standby takes over once it expires");
+        match tokio::time::timeout(SHUTDOWN_GRACE / 2, elector.release()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot release the leader Lease; a standby takes over once it expires");
+            }
+            Err(_) => tracing::warn!(
+                "the API server did not answer the Lease release; a standby takes over once it expires"
+            ),
+        }
     }
     let _ = stop_tx.send(true);
-    let _ = server_task.await;
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, server_task).await;
     if lost {
         anyhow::bail!("lost the leader Lease; exiting so that a fresh replica can stand by");
     }

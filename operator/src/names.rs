@@ -65,6 +65,11 @@ pub fn service(job: &str) -> String {
     job.to_owned()
 }
 
+/// The job's NetworkPolicy (when the operator runs with `--network-policy`).
+pub fn network_policy(job: &str) -> String {
+    job.to_owned()
+}
+
 /// The job ConfigMap holding `job.json`.
 pub fn config_map(job: &str) -> String {
     format!("{job}-config")

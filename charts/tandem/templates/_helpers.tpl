@@ -24,6 +24,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* The selector labels as `key=value,…` (the operator's --operator-labels). */}}
+{{- define "tandem.selectorLabelList" -}}
+app.kubernetes.io/name={{ include "tandem.name" . }},app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=operator
+{{- end }}
+
 {{/* Labels of every object. */}}
 {{- define "tandem.labels" -}}
 helm.sh/chart: {{ include "tandem.chart" . }}

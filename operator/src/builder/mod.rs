@@ -20,7 +20,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServicePort, ServiceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use tandem_api::contract;
@@ -89,6 +92,63 @@ pub fn job_config(job: &ValidatedJob<'_>) -> JobConfig {
         };
         Endpoint::new(names::pod_host(job.name, job.namespace, role), port)
     })
+}
+
+/// Where the operator runs, for the NetworkPolicy's one rule from outside the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorPeer {
+    /// The operator's namespace.
+    pub namespace: String,
+    /// Labels that select the operator's pods in it.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The job's NetworkPolicy (`--network-policy`, the chart's `networkPolicy.enabled`): its pods
+/// admit connections from the job's own pods on every port (PS, rendezvous and collectives, SSH
+/// for `backend: mpi`) and from the operator's pods on the PS status port only; nothing else. It
+/// restricts ingress alone, so pods still reach DNS, object stores and the API server.
+pub fn network_policy(job: &ValidatedJob<'_>, operator: &OperatorPeer) -> NetworkPolicy {
+    let job_pods = LabelSelector {
+        match_labels: Some(BTreeMap::from([(names::LABEL_JOB.to_owned(), job.name.to_owned())])),
+        ..LabelSelector::default()
+    };
+    let from_job = NetworkPolicyIngressRule {
+        from: Some(vec![NetworkPolicyPeer {
+            pod_selector: Some(job_pods.clone()),
+            ..NetworkPolicyPeer::default()
+        }]),
+        ports: None,
+    };
+    let from_operator = NetworkPolicyIngressRule {
+        from: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_owned(),
+                    operator.namespace.clone(),
+                )])),
+                ..LabelSelector::default()
+            }),
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(operator.labels.clone()),
+                ..LabelSelector::default()
+            }),
+            ..NetworkPolicyPeer::default()
+        }]),
+        ports: Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::Int(i32::from(contract::STATUS_PORT))),
+            protocol: Some("TCP".to_owned()),
+            ..NetworkPolicyPort::default()
+        }]),
+    };
+    NetworkPolicy {
+        metadata: meta(job, names::network_policy(job.name), "job"),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(job_pods),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(vec![from_job, from_operator]),
+            egress: None,
+        }),
+    }
 }
 
 /// The job ConfigMap: `job.json` holds [`job_config`].

@@ -15,6 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use tandem_api::{JobPhase, TrainingJob};
@@ -109,7 +110,7 @@ async fn helm_install_and_the_operator_as_its_service_account() {
         "--namespace",
         ns,
         "--set",
-        "replicaCount=2,podDisruptionBudget.enabled=true",
+        "replicaCount=2,podDisruptionBudget.enabled=true,networkPolicy.enabled=true",
     ]);
     let status = run_helm(&["status", &release, "--namespace", ns]);
     assert!(status.contains("STATUS: deployed"), "{status}");
@@ -142,6 +143,16 @@ async fn helm_install_and_the_operator_as_its_service_account() {
     let service: Service = Api::namespaced(admin.clone(), ns).get(&format!("{full}-metrics")).await.unwrap();
     assert_eq!(service.spec.unwrap().ports.unwrap()[0].port, 8080);
     Api::<PodDisruptionBudget>::namespaced(admin.clone(), ns).get(&full).await.unwrap();
+    let policy: k8s_openapi::api::networking::v1::NetworkPolicy =
+        Api::namespaced(admin.clone(), ns).get(&full).await.unwrap();
+    let ingress = policy.spec.unwrap().ingress.unwrap();
+    assert_eq!(ingress.len(), 1, "the operator's pods admit one port: {ingress:?}");
+    assert_eq!(ingress[0].ports.as_ref().unwrap()[0].port, Some(IntOrString::Int(8080)));
+    assert!(
+        container.args.as_ref().unwrap().iter().any(|a| a == "--network-policy"),
+        "networkPolicy.enabled must turn on the jobs' NetworkPolicies: {:?}",
+        container.args
+    );
 
     // The operator as the installed ServiceAccount: a job in another namespace (the ClusterRole is
     // bound cluster-wide) reconciled to its pods, Secrets and hostfile ConfigMap.

@@ -32,10 +32,10 @@ const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem");
 
 /// The chart's ServiceAccount (named [`SA`]), ClusterRole, ClusterRoleBinding and leader-election
 /// Role and RoleBinding for a release `release` in `namespace`, as `helm install` would create them.
-fn chart_rbac(release: &str, namespace: &str) -> Vec<serde_json::Value> {
+fn chart_rbac(release: &str, namespace: &str, values: &str) -> Vec<serde_json::Value> {
     let out = std::process::Command::new(helm())
         .args(["template", release, CHART, "--namespace", namespace])
-        .args(["--set", &format!("serviceAccount.name={SA}")])
+        .args(["--set", &format!("serviceAccount.name={SA}{values}")])
         .args(["--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/clusterrole.yaml"])
         .args(["--show-only", "templates/leader-election-role.yaml"])
         .output()
@@ -58,6 +58,11 @@ struct Harness {
 
 impl Harness {
     async fn start(prefix: &str) -> Self {
+        Self::start_with(prefix, "", |_| {}).await
+    }
+
+    /// [`Harness::start`] with extra chart `values` (`,key=value…`) and a change to the context.
+    async fn start_with(prefix: &str, values: &str, configure: impl FnOnce(&mut Context)) -> Self {
         let cluster =
             TestCluster::connect().await.expect("control plane up (make cluster-up, KUBECONFIG set)");
         cluster.install_crds(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds")).await.unwrap();
@@ -65,7 +70,7 @@ impl Harness {
         capture_logs();
         // One release per test, named after its namespace, so cluster-scoped names never collide.
         let release = ns.name().to_owned();
-        for manifest in chart_rbac(&release, ns.name()) {
+        for manifest in chart_rbac(&release, ns.name(), values) {
             cluster.apply(ns.name(), &manifest).await.unwrap();
         }
         let client = cluster.impersonate(ns.name(), SA).unwrap();
@@ -74,6 +79,7 @@ impl Harness {
             Settings { force_delete_after: Duration::from_secs(1), resync: Duration::from_secs(5) };
         let mut ctx = Context::new(client, metrics.clone(), settings, Some("test".to_owned()));
         ctx.prune_every = Duration::from_secs(1);
+        configure(&mut ctx);
         let ctx = Arc::new(ctx);
         let (stop, rx) = watch::channel(false);
         let prepared = JobController::new(ctx.clone(), &Scope { namespace: Some(ns.name().to_owned()) });
@@ -310,6 +316,94 @@ async fn children_status_and_group_restart() {
 
     // The metrics saw the restart.
     assert!(h.metrics.encode().contains("tandem_operator_restarts_total{role=\"worker\"} 1"));
+    h.stop().await;
+}
+
+/// Issue 15, item 13: with `networkPolicy.enabled` (the operator's `--network-policy`), every job
+/// gets a NetworkPolicy, owned by it, under which its pods admit only the job's own pods, and the
+/// operator's pods on the PS status port; the chart's RBAC grants exactly that.
+#[tokio::test]
+async fn network_policy_admits_only_the_jobs_pods_and_the_operator() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let labels =
+        std::collections::BTreeMap::from([("app.kubernetes.io/name".to_owned(), "tandem".to_owned())]);
+    let peer = tandem_operator::builder::OperatorPeer { namespace: "tandem-system".to_owned(), labels };
+    let h = Harness::start_with("op-netpol", ",networkPolicy.enabled=true", |ctx| {
+        ctx.network_policy = Some(peer);
+    })
+    .await;
+    let job = h.create_job(HYBRID).await;
+    wait_pods(&h, "hybrid", &["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1", "hybrid-ps-0"])
+        .await;
+    let policy: NetworkPolicy = h.ns.api().get("hybrid").await.unwrap();
+    assert_eq!(policy.owner_references()[0].uid, job.uid().unwrap());
+    let spec = serde_json::to_value(policy.spec.unwrap()).unwrap();
+    assert_eq!(
+        spec,
+        json!({
+            "podSelector": {"matchLabels": {"tandem.dev/job-name": "hybrid"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"tandem.dev/job-name": "hybrid"}}}]},
+                {
+                    "from": [{
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tandem-system"}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "tandem"}}
+                    }],
+                    "ports": [{"port": 7072, "protocol": "TCP"}]
+                }
+            ]
+        })
+    );
+    h.stop().await;
+}
+
+/// Issue 15, item 11: an object that already holds a child's name and is not owned by the job is
+/// neither adopted nor taken over; the job fails with a condition that names it, and the object
+/// survives the job's deletion unchanged.
+#[tokio::test]
+async fn a_foreign_object_with_a_childs_name_fails_the_job_and_is_left_alone() {
+    let h = Harness::start("op-clash").await;
+    let admin_cms: Api<ConfigMap> = Api::namespaced(h.admin(), h.ns.name());
+    let admin_secrets: Api<Secret> = Api::namespaced(h.admin(), h.ns.name());
+    let foreign_cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "clash-config"}, "data": {"owner": "someone else"}
+    }))
+    .unwrap();
+    admin_cms.create(&PostParams::default(), &foreign_cm).await.unwrap();
+    let foreign_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "clash2-token"}, "stringData": {"token": "not-the-jobs"}
+    }))
+    .unwrap();
+    admin_secrets.create(&PostParams::default(), &foreign_secret).await.unwrap();
+
+    for (job, kind, object) in [("clash", "ConfigMap", "clash-config"), ("clash2", "Secret", "clash2-token")]
+    {
+        h.create_job(&HYBRID.replace("name: hybrid", &format!("name: {job}"))).await;
+        let failed = wait_phase(&h, job, JobPhase::Failed).await;
+        let condition = condition(&failed, "Failed").unwrap();
+        assert_eq!(condition.reason, "NameConflict", "{condition:?}");
+        assert!(
+            condition.message.contains(&format!("{kind} {}/{object}", h.ns.name()))
+                && condition.message.contains("not owned by this TrainingJob"),
+            "the condition must name the conflicting object: {}",
+            condition.message
+        );
+        assert!(h.pod_names(job).await.is_empty(), "a job that failed on a name conflict started pods");
+        h.jobs().delete(job, &DeleteParams::default()).await.unwrap();
+    }
+    let cm = admin_cms.get("clash-config").await.unwrap();
+    assert_eq!(cm.data.unwrap().get("owner").map(String::as_str), Some("someone else"));
+    assert!(cm.metadata.owner_references.unwrap_or_default().is_empty(), "the ConfigMap was adopted");
+    let managers: Vec<_> =
+        cm.metadata.managed_fields.unwrap_or_default().into_iter().filter_map(|f| f.manager).collect();
+    assert!(
+        !managers.iter().any(|m| m == names::FIELD_MANAGER),
+        "the operator wrote the ConfigMap: {managers:?}"
+    );
+    let secret = admin_secrets.get("clash2-token").await.unwrap();
+    assert_eq!(secret.data.unwrap()["token"].0, b"not-the-jobs");
+    assert!(secret.metadata.owner_references.unwrap_or_default().is_empty(), "the Secret was adopted");
     h.stop().await;
 }
 

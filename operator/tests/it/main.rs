@@ -1,5 +1,6 @@
 //! The operator's integration tests: one binary (one link), a module per concern — what the
-//! builders make from YAML fixtures (`builders`), the pure reconcile plan (`plan`), and, with the
+//! builders make from YAML fixtures (`builders`), the pure reconcile plan (`plan`), the HTTP
+//! endpoint against slow peers (`server`) and the process's shutdown (`shutdown`), and, with the
 //! `cluster-tests` feature (`make test-cluster` starts the control plane), the operator against a
 //! real kube-apiserver (`cluster`) and the Helm chart's install and RBAC (`chart`).
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
@@ -10,5 +11,7 @@ mod chart;
 #[cfg(feature = "cluster-tests")]
 mod cluster;
 mod plan;
+mod server;
+mod shutdown;
 #[cfg(feature = "cluster-tests")]
 mod support;
