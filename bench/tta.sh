@@ -39,6 +39,8 @@ for round in $(seq 1 "$ROUNDS"); do
     sed -E '/^ *evalEverySteps:/d; s/^( *)training:$/\1training:\n\1  evalEverySteps: '"$EVAL"'/' \
       "examples/mnist-$algo.yaml" > "$manifest"
     echo "== round $round: $algo" >&2
+    # A fresh run each time: tandem train refuses a folder holding an earlier run's checkpoints.
+    rm -rf "$OUT/runs/$algo-$round"
     t0=$EPOCHREALTIME
     "$TANDEM" train --output json -f "$manifest" --output-dir "$OUT/runs/$algo-$round" \
       --data-dir data 2> "$OUT/runs/$algo-$round.log" |

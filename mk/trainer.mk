@@ -14,11 +14,14 @@ unit-test: data
 # it ends with the test accuracy and the training curve's path (out/mnist-hybrid/curve.svg).
 demo: data
 	$(CARGO) build --release -p tandem-trainer --bin tandem
+	@# Each demo starts afresh in its own folder (tandem train refuses to mix with an earlier run).
+	rm -rf out/mnist-hybrid
 	./target/release/tandem train -f examples/mnist-hybrid.yaml
 
 ## demo-mlp: the single-process demo: an MLP on MNIST-5k in this one process, with its curve.
 demo-mlp: data
 	$(CARGO) build --release -p tandem-trainer --bin tandem
+	rm -rf out/mnist-mlp
 	./target/release/tandem train -f examples/mnist-mlp.yaml
 
 ## bench-train: training samples/s of our step vs PyTorch on CPU, same models, batch and threads.

@@ -2,8 +2,9 @@
 //!
 //! Reads the role, config and token from the environment ([`tandem_api::LaunchEnv`]), serves
 //! its shard on `TANDEM_BIND` and the job config's port for it, keeps checkpoints under
-//! `$TANDEM_OUTPUT/ps-<index>/`, resumes from the newest one, and stops on SIGTERM or Ctrl-C
-//! after writing a last checkpoint. Prints `listening on <addr>` on stdout once bound.
+//! `$TANDEM_OUTPUT/ps-<index>/` stamped with the job's identity, resumes from the newest intact
+//! one of this job (refusing to start on another job's), and stops on SIGTERM or Ctrl-C after
+//! writing a last checkpoint. Prints `listening on <addr>` on stdout once bound.
 //!
 //! It also serves the HTTP status endpoint ([`tandem::ps::server::http`]) on `TANDEM_BIND` and
 //! `TANDEM_STATUS_PORT` (default [`tandem_api::contract::STATUS_PORT`]; `0` any free port, `off`
@@ -14,6 +15,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use tandem::ps::server::checkpoint;
 use tandem::ps::server::http::StatusListener;
 use tandem::ps::server::state::ShardConfig;
 use tandem::ps::server::{Server, ServerConfig};
@@ -57,7 +59,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_total_len: max_total_len(&job.spec, replicas),
     };
     let mut config = ServerConfig::new(shard);
-    config.checkpoint_dir = Some(env.output.join(format!("ps-{index}")));
+    let job_identity = checkpoint::JobIdentity::of(&job);
+    config.checkpoints =
+        Some(checkpoint::Store::open(env.output.join(format!("ps-{index}")), index, job_identity)?);
     config.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
     let port = args.port.unwrap_or(endpoint.port);
     let host = if env.bind.contains(':') { format!("[{}]", env.bind) } else { env.bind.clone() };

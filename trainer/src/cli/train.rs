@@ -6,15 +6,19 @@
 //! or one JSON object per line with `--output json`; and the training curve (`curve.svg`,
 //! `curve.csv`: the merged progress and the final evaluation) is written into the job's output
 //! folder and its path printed at the end.
+//!
+//! `--resume` continues the run whose checkpoints the output folder holds; without it such a
+//! folder is refused ([`tandem::runner::check_output`]), for a job of one process as for one of
+//! many, so that no run deletes, prunes or resumes another's checkpoints.
 
 use std::path::PathBuf;
 
 use super::DeviceArg;
 use crate::cli::report::display::Display;
 use anyhow::{Context, bail};
-use tandem::compute::data;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{Cadence, LocalStep, Trainer};
+use tandem::compute::{checkpoint, data};
 use tandem::runner::Event;
 use tandem::runner::progress::Merged;
 
@@ -45,7 +49,9 @@ pub struct Args {
     /// Compute device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
-    /// Continue from the newest checkpoint in the output folder, if there is one.
+    /// Continue the run whose checkpoints the output folder holds: every PS shard and group from
+    /// where it stopped (a damaged newest checkpoint falls back to the one before). Without it, a
+    /// folder holding an earlier run's checkpoints is refused, never cleared or mixed into.
     #[arg(long)]
     pub resume: bool,
     /// Kill a process of a multi-process job when the merged progress reaches a step:
@@ -74,19 +80,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
+    let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("out").join(&name));
+    tandem::runner::check_output(&out_dir, args.resume)?;
     let device = args.device.select()?;
     let data = data::load(&spec.data, &args.data_dir, spec.training.seed)?;
     let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
-    let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("out").join(&name));
     let ckpt_dir = out_dir.join("checkpoints");
+    // This process writes the checkpoints: it takes the folder over.
+    checkpoint::remove_partial(&ckpt_dir)?;
     let title = format!("{name}: {} on {:?}", model_label(spec), spec.data.source);
     let mut display = Display::new(&name, args.output == Output::Json, title, out_dir.clone());
     if args.resume
-        && let Some(path) = tandem::compute::checkpoint::latest(&ckpt_dir)?
+        && let Some(newest) = checkpoint::newest_intact(&ckpt_dir)?
     {
-        trainer.resume(&mut update, &path)?;
-        display.note(&format!("resumed from {} at step {}", path.display(), trainer.step_count()));
+        trainer.restore(&mut update, &newest.path, &newest.checkpoint)?;
+        let skipped = match newest.skipped {
+            0 => String::new(),
+            n => format!(" ({n} newer checkpoint(s) failed their checks and were skipped)"),
+        };
+        display.note(&format!(
+            "resumed from {} at step {}{skipped}",
+            newest.path.display(),
+            trainer.step_count()
+        ));
     }
     // The one front-end: this process is group 0 of a job of one, its reports merged and shown
     // as the runner shows a job of many.

@@ -3,15 +3,22 @@
 //! file's `__metadata__`. Workers store the whole flat vector; a parameter-server replica stores its
 //! shard (`range`) with the same format.
 //!
-//! Expected flow: build a [`Checkpoint`], [`Checkpoint::write_atomic`] it; later
-//! [`Checkpoint::read`] it with the config hash the reader expects.
+//! Expected flow: a writer that starts calls [`remove_partial`] on its folder, builds a
+//! [`Checkpoint`] and [`Checkpoint::write_atomic`]s it at [`step_path`]; a resume takes
+//! [`newest_intact`] and checks it with [`Checkpoint::expect`] against the config hash the reader
+//! expects.
 //!
 //! Guarantees:
 //! - Atomic: the file is written to a temporary name in the same folder, fsynced, renamed over the
-//!   target and the folder fsynced, so a crash leaves the old checkpoint or the new one, never a torn one.
+//!   target and the folder fsynced, so a crash leaves the old checkpoint or the new one, never a
+//!   torn one; a failed write (a full disk) leaves no temporary file, and [`remove_partial`]
+//!   removes those of a writer killed mid-write.
 //! - Verified: the checksum covers the metadata and every tensor's name, shape and bytes; a file that
-//!   fails to parse, fails the checksum, or was written by a job with another config hash or kind is
-//!   refused with an error saying which and what to do — never half-loaded.
+//!   fails to parse, fails the checksum, holds counts beyond any run ([`MAX_COUNT`]), or was written
+//!   by a job with another config hash or kind is refused with an error saying which and what to
+//!   do — never half-loaded, never an overflow or a panic.
+//! - Resume falls back: [`newest_intact`] skips a damaged newest file for the one before, by the
+//!   same rule as the parameter server's checkpoints ([`fs::newest_intact`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +33,11 @@ use crate::util::token::hex;
 
 /// Version of the metadata layout; bumped on incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
+/// The largest count (step, epoch, update, sample or vector length) a checkpoint may hold: 2^48,
+/// beyond any run (a billion steps a day for 700 years) and the range a group's step travels in
+/// (two 24-bit halves). Larger ones come from a damaged or crafted file; refusing them keeps every
+/// later `+ 1` from overflowing.
+pub const MAX_COUNT: u64 = 1 << 48;
 const META_KEY: &str = "tandem.meta";
 const SUM_KEY: &str = "tandem.sha256";
 
@@ -61,6 +73,26 @@ pub enum CheckpointError {
     /// The checkpoint cannot be built.
     #[error("cannot write checkpoint: {0}")]
     Invalid(String),
+    /// Checkpoints exist but none is intact.
+    #[error(
+        "no intact checkpoint in {dir}: all {found} failed their checks (the newest: {newest}); restore them, or move them away to start afresh"
+    )]
+    NoneIntact {
+        /// The folder.
+        dir: PathBuf,
+        /// Files tried.
+        found: usize,
+        /// The newest file's problem.
+        newest: String,
+    },
+}
+
+impl CheckpointError {
+    /// Whether the file is damaged (unreadable, torn, failing its checks) rather than intact and
+    /// refused: a resume then tries the one before.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, CheckpointError::Io { .. } | CheckpointError::Corrupt { .. })
+    }
 }
 
 /// Tandem's metadata of a checkpoint.
@@ -157,7 +189,7 @@ impl Checkpoint {
             if !seen.insert(t.name.as_str()) {
                 return Err(CheckpointError::Invalid(format!("tensor name {} appears twice", t.name)));
             }
-            if t.shape.iter().product::<usize>() != t.values.len() {
+            if t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(t.values.len()) {
                 return Err(CheckpointError::Invalid(format!(
                     "tensor {} has shape {:?} but {} values",
                     t.name,
@@ -236,6 +268,7 @@ impl Checkpoint {
                 reason: format!("format version {}, this tandem reads version {FORMAT_VERSION}", meta.format),
             });
         }
+        check_counts(&meta).map_err(corrupt)?;
         let mut tensors = Vec::with_capacity(meta.tensors.len());
         for name in &meta.tensors {
             let view = st.tensor(name).map_err(|e| corrupt(format!("tensor {name}: {e}")))?;
@@ -278,14 +311,71 @@ impl Checkpoint {
     }
 }
 
+/// Refuses counts beyond [`MAX_COUNT`]: arithmetic on them would overflow.
+fn check_counts(meta: &CheckpointMeta) -> Result<(), String> {
+    let cursor = meta.cursor.map(|c| [("data cursor epoch", c.epoch), ("data cursor batch", c.batch)]);
+    let counts = [("step", meta.step), ("epoch", meta.epoch)]
+        .into_iter()
+        .chain(cursor.into_iter().flatten())
+        .chain(meta.optimizer.as_ref().map(|o| ("optimizer update count", o.updates)))
+        .chain(
+            meta.range.into_iter().flat_map(|(a, b)| [("range start", a as u64), ("range end", b as u64)]),
+        );
+    match counts.into_iter().find(|&(_, n)| n > MAX_COUNT) {
+        Some((what, n)) => Err(format!("{what} {n} is beyond any run (at most {MAX_COUNT})")),
+        None => Ok(()),
+    }
+}
+
 /// File name of the checkpoint at `step` in a checkpoint folder.
 pub fn step_path(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("ckpt-{step:010}.safetensors"))
 }
 
-/// The checkpoint with the highest step in `dir`, if any.
+/// The checkpoint with the highest step in `dir`, if any (unread: [`newest_intact`] reads and
+/// verifies).
 pub fn latest(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     Ok(list(dir)?.pop().map(|(_, p)| p))
+}
+
+/// The checkpoint a resume starts from ([`newest_intact`]).
+#[derive(Clone, Debug)]
+pub struct Intact {
+    /// Its file.
+    pub path: PathBuf,
+    /// What it holds, verified.
+    pub checkpoint: Checkpoint,
+    /// Newer files that were damaged and skipped.
+    pub skipped: usize,
+}
+
+/// The newest checkpoint in `dir` that reads and verifies; `None` when `dir` holds none. A
+/// damaged file ([`CheckpointError::is_damage`]) is logged and skipped for the one before; any
+/// other refusal stops the search with its error, and so does a folder of damaged files only
+/// ([`CheckpointError::NoneIntact`]).
+pub fn newest_intact(dir: &Path) -> Result<Option<Intact>, CheckpointError> {
+    let io = |source| CheckpointError::Io { path: dir.to_owned(), source };
+    match fs::newest_intact(dir, step_of, Checkpoint::read, CheckpointError::is_damage).map_err(io)? {
+        fs::Newest::Nothing => Ok(None),
+        fs::Newest::Loaded { path, value, skipped } => Ok(Some(Intact { path, checkpoint: value, skipped })),
+        fs::Newest::Refused { error, .. } => Err(error),
+        fs::Newest::NoneIntact { found, error, .. } => {
+            Err(CheckpointError::NoneIntact { dir: dir.to_owned(), found, newest: error.to_string() })
+        }
+    }
+}
+
+/// Removes the partial files a writer killed mid-write left in `dir` (see
+/// [`fs::remove_partial`]); a writer calls it when it starts.
+pub fn remove_partial(dir: &Path) -> Result<(), CheckpointError> {
+    match fs::remove_partial(dir, step_of) {
+        Ok(0) => Ok(()),
+        Ok(removed) => {
+            tracing::info!(dir = %dir.display(), removed, "removed partial checkpoint files of an interrupted write");
+            Ok(())
+        }
+        Err(source) => Err(CheckpointError::Io { path: dir.to_owned(), source }),
+    }
 }
 
 /// The step of a checkpoint file name of [`step_path`].

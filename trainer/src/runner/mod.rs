@@ -17,18 +17,24 @@
 //! (which unit restarts, when, what fails the job) is the supervisor's; this module only does the
 //! I/O. Children's stderr goes to `<output>/logs/<role>.<attempt>.log`, named in failure messages.
 //!
-//! Caveats: a restarted group resumes from the PS weights and continues its step count from the
-//! PS ([`crate::worker::ps_step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from rank
-//! 0's newest checkpoint in `<output>/checkpoints/`, which a run without `--resume` clears first.
-//! Free ports are found by binding port 0 and releasing it, so another program could take one in
-//! between.
+//! Resume: a restarted group resumes from the PS weights and continues its step count from the
+//! PS ([`crate::worker::ps_step::PsStep::start_step`]); an `allreduce` group (no PS) resumes from
+//! rank 0's newest intact checkpoint in `<output>/checkpoints/`. With [`Options::resume`]
+//! (`--resume`) a whole job that stopped — interrupted, failed, or its runner killed — starts
+//! again the same way: every PS from its newest checkpoint in `<output>/ps-<i>/` and every group
+//! from the step it had reached there. Without it, a folder that holds an earlier run's
+//! checkpoints is refused ([`check_output`]) rather than cleared or mixed into: nothing of the
+//! earlier run is lost, and no checkpoint of one run is pruned for, or resumed by, another.
+//!
+//! Caveats: free ports are found by binding port 0 and releasing it, so another program could
+//! take one in between.
 
 pub mod chaos;
 pub mod progress;
 pub mod state;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,7 +74,8 @@ pub struct Options {
     pub worker_args: Vec<String>,
     /// Processes to kill on the way.
     pub chaos: Vec<Chaos>,
-    /// Keep the checkpoints of an earlier run (PS shards, allreduce group) and resume from them.
+    /// Resume from the checkpoints of an earlier run (PS shards, allreduce group); without it a
+    /// folder holding them is refused ([`check_output`]).
     pub resume: bool,
 }
 
@@ -318,17 +325,58 @@ fn random_token() -> Result<String, RunnerError> {
 }
 
 fn write_private(path: &Path, text: &str) -> Result<(), RunnerError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(format!("writing {}", tmp.display())))?;
-    f.write_all(text.as_bytes()).map_err(io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("renaming {} to {}", tmp.display(), path.display())))
+    crate::util::fs::write_atomic(path, text.as_bytes(), Some(0o600))
+        .map_err(io(format!("writing {}", path.display())))
+}
+
+/// The checkpoints an earlier run left in `output`: rank 0's in `checkpoints/` and every PS
+/// shard's in `ps-<i>/` (of any number of replicas), oldest folder first.
+pub fn earlier_checkpoints(output: &Path) -> Result<Vec<PathBuf>, RunnerError> {
+    let listing = |dir: &Path| io(format!("reading {}", dir.display()));
+    let worker = output.join("checkpoints");
+    let mut found: Vec<PathBuf> = crate::compute::checkpoint::latest(&worker)
+        .map_err(|e| RunnerError::Config(e.to_string()))?
+        .into_iter()
+        .collect();
+    let entries = match std::fs::read_dir(output) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(listing(output)(e)),
+    };
+    let mut ps: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name.strip_prefix("ps-").is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    ps.sort();
+    for dir in ps {
+        found.extend(crate::ps::server::checkpoint::files(&dir).map_err(listing(&dir))?);
+    }
+    Ok(found)
+}
+
+/// Refuses a fresh run (`resume` false) into an `output` folder that holds an earlier run's
+/// checkpoints: the PS shards and an allreduce group would resume from them, and the new run's
+/// checkpoints would be pruned for the older, higher-numbered ones. The user passes `--resume` to
+/// continue that run, or gives the new one a folder of its own; nothing is deleted for them.
+pub fn check_output(output: &Path, resume: bool) -> Result<(), RunnerError> {
+    if resume {
+        return Ok(());
+    }
+    let found = earlier_checkpoints(output)?;
+    let Some(first) = found.first() else { return Ok(()) };
+    Err(RunnerError::Config(format!(
+        "{} holds the checkpoints of an earlier run ({} file(s), such as {}); a new run there would \
+         mix with them. Pass --resume to continue that run, or start afresh in another folder \
+         (--output-dir), or move {} away first",
+        output.display(),
+        found.len(),
+        first.display(),
+        output.display()
+    )))
 }
 
 /// The job's config with free loopback ports for every PS and rank.
@@ -466,6 +514,7 @@ pub fn check_chaos(spec: &TrainingJobSpec, chaos: &[Chaos]) -> Result<(), Runner
 /// Runs the job to the end; `on_event` sees every [`Event`], the last one `Finished`.
 pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), RunnerError> {
     check_chaos(&opts.spec, &opts.chaos)?;
+    check_output(&opts.output, opts.resume)?;
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
     let started = Instant::now();
@@ -569,25 +618,11 @@ struct JobFiles {
 }
 
 impl JobFiles {
-    /// Creates the log folder, clears old checkpoints unless resuming, writes `job.json` and a
-    /// fresh token.
+    /// Creates the log folder, writes `job.json` and a fresh token.
     fn write(opts: &Options) -> Result<Self, RunnerError> {
         let spec = &opts.spec;
         let logs = opts.output.join("logs");
         std::fs::create_dir_all(&logs).map_err(io(format!("creating {}", logs.display())))?;
-        if !opts.resume {
-            // A fresh run: the PS shards and an allreduce group would resume from these.
-            let old = (0..spec.parameter_servers.replicas)
-                .map(|index| format!("ps-{index}"))
-                .chain(std::iter::once("checkpoints".to_owned()));
-            for name in old {
-                let dir = opts.output.join(name);
-                if dir.exists() {
-                    std::fs::remove_dir_all(&dir)
-                        .map_err(io(format!("removing the old checkpoints in {}", dir.display())))?;
-                }
-            }
-        }
         let config = local_config(&opts.job_name, spec)?;
         let config_path = opts.output.join(contract::CONFIG_FILE);
         write_private(&config_path, &config.to_json())?;

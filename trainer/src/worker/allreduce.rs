@@ -42,18 +42,22 @@ impl<C: Communicator> AllreduceStep<C> {
         Ok(Self { comm, block, optimizer, gathered: None })
     }
 
-    /// Resumes the whole group from the worker checkpoint at `from`, which only rank 0 reads (the
-    /// other ranks pass `None`; their output folder may be another machine's): rank 0 restores it
-    /// and sends every rank the weights, the step and the optimizer state, and each rank moves its
-    /// schedule and data stream to that step. Returns the step the group continues from; 0, with
-    /// nothing changed, when rank 0 has no checkpoint. Collective: every rank calls it right after
+    /// Resumes the whole group from `from`, a worker checkpoint and the path it was read from
+    /// ([`crate::compute::checkpoint::newest_intact`]), which only rank 0 reads (the other ranks
+    /// pass `None`; their output folder may be another machine's): rank 0 restores it and sends
+    /// every rank the weights, the step and the optimizer state, and each rank moves its schedule
+    /// and data stream to that step. Returns the step the group continues from; 0, with nothing
+    /// changed, when rank 0 has no checkpoint. Collective: every rank calls it right after
     /// [`AllreduceStep::start`].
-    pub fn resume(&mut self, trainer: &mut Trainer, from: Option<&Path>) -> Result<u64, TrainError> {
+    pub fn resume(
+        &mut self,
+        trainer: &mut Trainer,
+        from: Option<(&Path, &Checkpoint)>,
+    ) -> Result<u64, TrainError> {
         let root = self.comm.rank() == 0;
         let saved = match from.filter(|_| root) {
-            Some(path) => {
-                let ckpt = Checkpoint::read(path)?;
-                trainer.restore(self, path, &ckpt)?;
+            Some((path, ckpt)) => {
+                trainer.restore(self, path, ckpt)?;
                 ckpt.optimizer_state()
             }
             None => None,

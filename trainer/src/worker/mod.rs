@@ -23,7 +23,7 @@
 //!   (weights, the model's non-trainable state, the gathered optimizer state, the step) as a
 //!   worker checkpoint into
 //!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest
-//!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest, so a
+//!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest intact one (a damaged newest falls back to the one before), so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
@@ -45,6 +45,7 @@ use tandem_api::contract::JobConfig;
 
 use crate::comm::tcp::{self, TcpComm, TcpConfig};
 use crate::comm::{CommError, Communicator};
+use crate::compute::checkpoint;
 use crate::compute::device::Device;
 use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
@@ -238,8 +239,8 @@ fn check_place<C: Communicator>(job: &JobConfig, place: &Place, comm: &C) -> Res
 }
 
 /// The step this rank's group continues from, with `trainer` moved there: the PS's record of
-/// the group's progress, or rank 0's newest `allreduce` checkpoint in `checkpoints` (0 for a
-/// fresh start).
+/// the group's progress, or rank 0's newest intact `allreduce` checkpoint in `checkpoints` (0 for
+/// a fresh start).
 fn continue_at<C: Communicator>(
     update: &mut Update<C>,
     trainer: &mut Trainer,
@@ -256,13 +257,16 @@ fn continue_at<C: Communicator>(
             start
         }
         Update::Allreduce(s) => {
+            // Rank 0 writes the group's checkpoints: it takes the folder over, and resumes from
+            // the newest intact one.
             let newest = if place.rank == 0 {
-                crate::compute::checkpoint::latest(checkpoints).map_err(TrainError::from)?
+                checkpoint::remove_partial(checkpoints).map_err(TrainError::from)?;
+                checkpoint::newest_intact(checkpoints).map_err(TrainError::from)?
             } else {
                 None
             };
-            let start = s.resume(trainer, newest.as_deref())?;
-            if let Some(path) = newest.filter(|_| start > 0) {
+            let start = s.resume(trainer, newest.as_ref().map(|n| (n.path.as_path(), &n.checkpoint)))?;
+            if let Some(checkpoint::Intact { path, .. }) = newest.filter(|_| start > 0) {
                 tracing::info!(group = place.group, path = %path.display(), step = start, "resumed from checkpoint");
             }
             start

@@ -6,12 +6,14 @@
 //! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
 //! [`crate::compute::train::Trainer::run`] (or [`crate::compute::train::Trainer::step`]) with this step.
 //!
-//! A restarted group (launch attempt above 0) resumes its step count from the PS: in sync mode
+//! A restarted group (launch attempt above 0), and a group that the servers know from the
+//! checkpoints they resumed from (the whole job started again, as `tandem train --resume` does),
+//! resumes its step count from the PS: in sync mode
 //! from its clock on joining (the shards' update count, which every member group has reached,
 //! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
 //! count one group's steps, from the furthest step the group reported before it failed (kept in
 //! PS checkpoints too, up to the checkpoint's version, so it survives a PS restart). Rank 0's value
-//! is broadcast, so every rank of the group agrees.
+//! is broadcast, so every rank of the group agrees. A group the servers do not know starts at 0.
 //!
 //! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
 //! ([`crate::comm::block_range`]):
@@ -76,12 +78,17 @@ impl<C: Communicator> PsStep<C> {
         }
         let clocks = client.join().map_err(ps_err)?;
         let start_step = match client.peer() {
-            Peer::Worker { group, attempt, .. } if attempt > 0 => match client.mode() {
-                PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
-                PsMode::Async { .. } | PsMode::Elastic { .. } => {
-                    client.reported_step(group).map_err(ps_err)?.unwrap_or(0)
+            Peer::Worker { group, attempt, .. } => {
+                // The servers know the group when it was launched before (attempt above 0) or
+                // when they resumed from checkpoints that hold its progress (the whole job started
+                // again: `tandem train --resume`, a job re-applied on its checkpoint claim).
+                let reported = client.reported_step(group).map_err(ps_err)?;
+                match client.mode() {
+                    _ if attempt == 0 && reported.is_none() => 0,
+                    PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
+                    PsMode::Async { .. } | PsMode::Elastic { .. } => reported.unwrap_or(0),
                 }
-            },
+            }
             _ => 0,
         };
         // Steps travel as two exact f32 halves of 24 bits; rank 0's count is the group's.

@@ -145,3 +145,79 @@ fn a_job_too_large_for_the_machine_is_refused_with_the_estimate() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("model.hidden [65536, 65536, 65536]") && err.contains("GiB"), "{err}");
 }
+
+/// `tandem train -f <job> --output json --output-dir <out>` plus `extra`: its exit, stdout lines
+/// and stderr.
+fn train_into(
+    job: &std::path::Path,
+    out: &std::path::Path,
+    extra: &[&str],
+) -> (bool, Vec<serde_json::Value>, String) {
+    let output = tandem()
+        .args(["train", "-f"])
+        .arg(job)
+        .args(["--output", "json", "--output-dir"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap();
+    let lines = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect();
+    (output.status.success(), lines, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// The names and bytes of every file in `dir`.
+fn contents(dir: &std::path::Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_rerun_is_refused_without_resume_and_resume_falls_back_past_a_damaged_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, JOB).unwrap();
+    let out = dir.path().join("out");
+    let (ok, _, stderr) = train_into(&job, &out, &[]);
+    assert!(ok, "{stderr}");
+    let ckpts = out.join("checkpoints");
+    let steps = 3 * (1437 / 32);
+    let before = contents(&ckpts);
+    let names: Vec<_> = before.iter().map(|(n, _)| n.to_string_lossy().into_owned()).collect();
+    assert_eq!(names, [50, 100, steps].map(|s| format!("ckpt-{s:010}.safetensors")), "{names:?}");
+
+    // Run again into the same folder without --resume: refused, and the first run's checkpoints
+    // are left exactly as they were (not pruned for, or mixed with, a second run's).
+    let (ok, lines, stderr) = train_into(&job, &out, &[]);
+    assert!(!ok, "a second run trained into the first one's folder: {lines:?}");
+    for part in ["holds the checkpoints of an earlier run", "--resume", "another folder"] {
+        assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
+    }
+    assert_eq!(contents(&ckpts), before);
+
+    // The newest checkpoint torn (a copy cut short), and the partial file of a writer killed
+    // mid-write: --resume continues from the one before, and the partial file goes.
+    let newest = ckpts.join(format!("ckpt-{steps:010}.safetensors"));
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..bytes.len() - 100]).unwrap();
+    let partial = ckpts.join(".ckpt-0000000150.safetensors.tmp-424242");
+    std::fs::write(&partial, &bytes[..1000]).unwrap();
+    let (ok, lines, stderr) = train_into(&job, &out, &["--resume"]);
+    assert!(ok, "--resume did not fall back to the intact checkpoint: {stderr}");
+    assert!(stderr.contains("resumed from") && stderr.contains("at step 100"), "{stderr}");
+    assert!(
+        stderr.contains("1 newer checkpoint(s) failed their checks"),
+        "the damaged file is told: {stderr}"
+    );
+    let first = lines.iter().find(|l| l["event"] == "progress").unwrap();
+    assert!(first["step"].as_u64().unwrap() > 100, "it continued after step 100: {first}");
+    assert_eq!(lines.last().unwrap()["steps"], steps);
+    assert!(!partial.exists(), "the partial file of the interrupted write is removed");
+}

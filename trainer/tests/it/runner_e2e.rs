@@ -235,3 +235,79 @@ fn a_killed_runner_takes_its_children_with_it() {
     }
     assert!(left.is_empty(), "children outlived a SIGKILLed runner: {left:?}");
 }
+
+/// The PS checkpoint files in `out` by name, with their bytes.
+fn ps_checkpoints(out: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    for shard in ["ps-0", "ps-1"] {
+        for entry in std::fs::read_dir(out.join(shard)).unwrap() {
+            let entry = entry.unwrap();
+            files.push((
+                format!("{shard}/{}", entry.file_name().to_string_lossy()),
+                std::fs::read(entry.path()).unwrap(),
+            ));
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn after_the_runner_is_killed_resume_continues_the_step_counts_and_a_fresh_run_is_refused() {
+    let _one = one_job_at_a_time();
+    let (_tmp, out, file) = hybrid_job(|doc| {
+        set(doc, &["spec", "training", "steps"], 300.into());
+        set(doc, &["spec", "training", "checkpoint", "everySteps"], 40.into());
+    });
+    // Train until the merged step passes 150, then SIGKILL the runner (no chance to clean up).
+    let mut child = train_command(&file, &out).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    // The runner's stdout stays open until it is killed, so that it sees no broken pipe first.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let passed = lines.by_ref().map_while(Result::ok).any(|l| {
+        let e: serde_json::Value = serde_json::from_str(&l).unwrap_or_default();
+        e["event"] == "progress" && e["step"].as_u64().is_some_and(|s| s >= 150)
+    });
+    assert!(passed, "the job never reached step 150");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(lines);
+    for _ in 0..600 {
+        if processes_of(&out).is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(processes_of(&out).is_empty(), "children outlived the killed runner");
+    let saved = ps_checkpoints(&out);
+    assert!(!saved.is_empty(), "the shards checkpointed before the kill");
+
+    // A run without --resume into the same folder is refused and touches no checkpoint.
+    let fresh = train(&file, &out, &[]);
+    assert!(!fresh.success, "a fresh run trained over the killed run's checkpoints");
+    assert!(
+        fresh.stderr.contains("holds the checkpoints of an earlier run") && fresh.stderr.contains("--resume"),
+        "{}",
+        fresh.stderr
+    );
+    assert_eq!(ps_checkpoints(&out), saved, "the earlier run's checkpoints are left as they were");
+
+    // --resume: every group continues from the step the shards' checkpoints hold, not from 0.
+    let resumed = train(&file, &out, &["--resume"]);
+    assert!(resumed.success, "stderr:\n{}", resumed.stderr);
+    assert_eq!(resumed.finished()["steps"], 300, "{}", resumed.finished());
+    for group in [0, 1] {
+        let steps: Vec<u64> = resumed
+            .of("progress")
+            .iter()
+            .filter(|e| e["group"] == group)
+            .map(|e| e["group_step"].as_u64().unwrap())
+            .collect();
+        assert!(steps.first().is_some_and(|&s| s > 100), "group {group} resumed near step 150: {steps:?}");
+        assert_eq!(steps.last(), Some(&300), "group {group} ended at the job's step count: {steps:?}");
+    }
+    assert!(
+        resumed.finished()["test_accuracy"].as_f64().unwrap() >= 0.8,
+        "the resumed model kept what it learned: {}",
+        resumed.finished()
+    );
+}

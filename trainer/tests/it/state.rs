@@ -171,7 +171,8 @@ fn allreduce_group(
                 let mut params = t.params().to_vec();
                 let mut step = AllreduceStep::start(comm, &spec.training.optimizer, &mut params).unwrap();
                 t.set_params(&params).unwrap();
-                let start = step.resume(&mut t, from.as_deref().filter(|_| rank == 0)).unwrap();
+                let from = from.filter(|_| rank == 0).map(|p| (Checkpoint::read(&p).unwrap(), p));
+                let start = step.resume(&mut t, from.as_ref().map(|(c, p)| (p.as_path(), c))).unwrap();
                 while t.step_count() < steps {
                     t.step(&mut step).unwrap();
                 }

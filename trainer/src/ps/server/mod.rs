@@ -59,8 +59,9 @@ use state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
 pub struct ServerConfig {
     /// The shard it holds.
     pub shard: ShardConfig,
-    /// Where its checkpoints live; `None` keeps nothing on disk.
-    pub checkpoint_dir: Option<PathBuf>,
+    /// Where its checkpoints live, stamped with the job they belong to; `None` keeps nothing on
+    /// disk.
+    pub checkpoints: Option<checkpoint::Store>,
     /// Largest frame body accepted, in bytes.
     pub max_frame: usize,
     /// Most authenticated connections served at once.
@@ -76,7 +77,7 @@ impl ServerConfig {
     pub fn new(shard: ShardConfig) -> Self {
         Self {
             shard,
-            checkpoint_dir: None,
+            checkpoints: None,
             max_frame: wire::DEFAULT_MAX_FRAME,
             max_connections: 1024,
             hello_timeout: Duration::from_secs(10),
@@ -144,14 +145,14 @@ enum Outbound {
 }
 
 impl Server {
-    /// Binds `addr` and restores the shard from its newest intact checkpoint, if any.
+    /// Binds `addr` and restores the shard from its newest intact checkpoint of this job, if any.
     pub async fn bind(addr: &str, config: ServerConfig) -> Result<Self, ServerError> {
-        let state = match &config.checkpoint_dir {
-            Some(dir) => match checkpoint::latest(dir, config.shard.index)? {
+        let state = match &config.checkpoints {
+            Some(store) => match store.latest()? {
                 Some(snapshot) => {
-                    let version = snapshot.version;
+                    let (version, dir) = (snapshot.version, store.dir());
                     let state = ShardState::restore(config.shard.clone(), snapshot)
-                        .map_err(|source| ServerError::Restore { path: dir.clone(), source })?;
+                        .map_err(|source| ServerError::Restore { path: dir.to_owned(), source })?;
                     tracing::info!(shard = config.shard.index, version, dir = %dir.display(), "resumed from checkpoint");
                     state
                 }
@@ -196,8 +197,7 @@ impl Server {
         let admission = Admission::new(config.unauthenticated);
         let health = Health::default();
         let (events_tx, events_rx) = mpsc::channel::<Event>(1024);
-        let mut actor =
-            tokio::spawn(actor(state, events_rx, config.checkpoint_dir.clone(), admission.clone()));
+        let mut actor = tokio::spawn(actor(state, events_rx, config.checkpoints.clone(), admission.clone()));
         let status = status.map(|listener| {
             let (query_tx, mut query_rx) = mpsc::channel::<oneshot::Sender<StatusDocument>>(16);
             let events = events_tx.clone();
@@ -300,7 +300,7 @@ fn is_transient(e: &std::io::Error) -> bool {
 async fn actor(
     mut state: ShardState,
     mut events: mpsc::Receiver<Event>,
-    dir: Option<PathBuf>,
+    store: Option<checkpoint::Store>,
     admission: Admission,
 ) {
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
@@ -354,11 +354,11 @@ async fn actor(
                         let _ = tx.send(Outbound::Close);
                     }
                 }
-                Output::Checkpoint => write_checkpoint(&state, dir.as_ref()).await,
+                Output::Checkpoint => write_checkpoint(&state, store.as_ref()).await,
             }
         }
     }
-    write_checkpoint(&state, dir.as_ref()).await;
+    write_checkpoint(&state, store.as_ref()).await;
 }
 
 /// Each group's throughput, from the samples count of its last two progress reports.
@@ -396,10 +396,10 @@ impl Throughput {
     }
 }
 
-async fn write_checkpoint(state: &ShardState, dir: Option<&PathBuf>) {
-    let (Some(dir), Some(snapshot)) = (dir.cloned(), state.snapshot()) else { return };
+async fn write_checkpoint(state: &ShardState, store: Option<&checkpoint::Store>) {
+    let (Some(store), Some(snapshot)) = (store.cloned(), state.snapshot()) else { return };
     let version = snapshot.version;
-    match tokio::task::spawn_blocking(move || checkpoint::save(&dir, &snapshot)).await {
+    match tokio::task::spawn_blocking(move || store.save(&snapshot)).await {
         Ok(Ok(path)) => tracing::info!(version, path = %path.display(), "checkpoint written"),
         Ok(Err(e)) => tracing::error!(version, error = %e, "checkpoint failed; training goes on without it"),
         Err(e) => tracing::error!(version, error = %e, "checkpoint task failed"),
