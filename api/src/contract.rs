@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::TrainingJobSpec;
 
+pub mod status_auth;
+
 /// Names of the environment variables of the contract.
 pub mod env {
     /// `ps`, `worker` or `launcher`.

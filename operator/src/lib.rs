@@ -29,7 +29,7 @@
 //! Pods get no Kubernetes RBAC at all. Progress flows the other way: rank 0 of each worker group
 //! reports its step, loss, accuracy and samples to every PS shard; each `tandem ps` serves an
 //! HTTP status endpoint on its pod (port `status`, [`tandem_api::contract::STATUS_PORT`] 7072)
-//! that requires the job token (`Authorization: Bearer <token>`, the token of the `<job>-token`
+//! that requires a proof of the job token (`Authorization: Tandem-HMAC …`, an HMAC of the token of the `<job>-token`
 //! Secret that the operator created and can read) and answers a
 //! [`tandem_api::contract::PsStatus`]: the most advanced group's progress
 //! ([`tandem_api::Progress`]) with the throughput summed over member groups. For every Running job

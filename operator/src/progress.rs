@@ -1,6 +1,7 @@
 //! Progress from the trainer: reads a running job's PS replica 0 over its HTTP status endpoint
-//! (`GET http://<pod IP>:7072/status` with the job token, answered by `tandem ps`) for
-//! `status.progress`.
+//! (`GET http://<pod IP>:7072/status`, answered by `tandem ps`) for `status.progress`, proving the
+//! job token with an HMAC over the request ([`tandem_api::contract::status_auth`]) instead of
+//! sending it.
 //!
 //! Expected flow: for a Running job, the controller picks the PS-0 pod ([`ps0_address`]), gets the
 //! job token ([`Tokens::get`], cached per job UID), and [`fetch`]es the status with a timeout.
@@ -21,7 +22,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 use tandem_api::Role;
-use tandem_api::contract::{self, PsStatus};
+use tandem_api::contract::{self, PsStatus, status_auth};
 
 use crate::names;
 use crate::plan::PodPhase;
@@ -96,7 +97,10 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
     let driver = tokio::spawn(connection);
     let request = hyper::Request::get(contract::STATUS_PATH)
         .header(hyper::header::HOST, addr.to_string())
-        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(
+            hyper::header::AUTHORIZATION,
+            authorization(token, contract::STATUS_PATH).map_err(unreachable)?,
+        )
         .body(Empty::<Bytes>::new())
         .map_err(|e| unreachable(e.to_string()))?;
     let result = async {
@@ -121,6 +125,28 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
     .await;
     driver.abort();
     result
+}
+
+/// The `Authorization` value of a `GET` of `target` now: a [`status_auth`] proof of `token`.
+fn authorization(token: &str, target: &str) -> Result<String, String> {
+    use ring::rand::SecureRandom;
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut nonce = [0u8; status_auth::NONCE_HEX_LEN / 2];
+    ring::rand::SystemRandom::new()
+        .fill(&mut nonce)
+        .map_err(|_| "no random nonce from the system to sign the request".to_owned())?;
+    Ok(signed(token, target, unix, &hex(&nonce)))
+}
+
+/// [`status_auth::header`] for `token`, `target`, `unix` seconds and `nonce`.
+fn signed(token: &str, target: &str, unix: u64, nonce: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
+    let mac = ring::hmac::sign(&key, &status_auth::message("GET", target, unix, nonce));
+    status_auth::header(unix, nonce, &hex(mac.as_ref()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The status endpoint of the job's PS replica 0, if that pod runs and has an IP.
@@ -180,5 +206,23 @@ impl Tokens {
         if let Ok(mut m) = self.by_uid.lock() {
             m.remove(uid);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_is_signed_as_tandem_ps_checks_it() {
+        // The same vector the trainer's status endpoint checks (trainer/src/ps/server/http.rs).
+        let header =
+            signed("ps-test-token-7f3a", "/status", 1_700_000_000, "00112233445566778899aabbccddeeff");
+        assert_eq!(
+            header,
+            "Tandem-HMAC ts=1700000000, nonce=00112233445566778899aabbccddeeff, \
+             mac=7d8f647cdb62af56414e7fdf6317e46ea012a04fadc39ae3481e8908af0fa1e3"
+        );
+        assert!(!header.contains("ps-test-token"), "the token never crosses the wire");
     }
 }

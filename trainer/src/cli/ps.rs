@@ -28,8 +28,8 @@ pub struct Args {
     /// Port to listen on instead of the job config's port for this shard (0: any free port).
     #[arg(long)]
     pub port: Option<u16>,
-    /// Seconds a new connection may take to say hello.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds a new connection has, from its accept, to prove the job token in its hello.
+    #[arg(long, default_value_t = 10)]
     pub hello_timeout: u64,
 }
 
@@ -56,6 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         token,
         checkpoint_every: training.checkpoint.every_steps,
         optimizer: training.optimizer.clone(),
+        max_total_len: max_total_len(&job.spec, replicas),
     };
     let mut config = ServerConfig::new(shard);
     let job_identity = checkpoint::JobIdentity::of(&job);
@@ -103,6 +104,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!(shard = index, "parameter server stopped");
         anyhow::Ok(())
     })
+}
+
+/// The longest parameter vector a worker may declare: the model's parameter count when the spec
+/// tells it (built-in data sets, `tandem_api::plan::memory`), else what this machine's memory can
+/// hold of this shard's range with its gradient, mean and optimizer state.
+fn max_total_len(spec: &tandem_api::TrainingJobSpec, replicas: u32) -> u64 {
+    use tandem_api::plan::memory::{MemoryEstimate, builtin_data};
+    if let Some(shape) = builtin_data(spec) {
+        return MemoryEstimate::of(spec, shape).parameters;
+    }
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?.to_owned();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(u64::MAX, |kib| kib.saturating_mul(1024));
+    // Weights, one group's gradient, the sync mean and two optimizer moments, as f32.
+    (available / (5 * 4)).saturating_mul(u64::from(replicas.max(1)))
 }
 
 async fn shutdown_signal() {

@@ -174,6 +174,17 @@ pub enum ClientError {
         /// Vector length.
         total: u64,
     },
+    /// The server's welcome does not prove the job token: it is not this job's parameter server.
+    #[error(
+        "PS {index} at {addr} did not prove the job token in its welcome; it is not this job's parameter \
+         server (check the job config's parameterServers list and the token file)"
+    )]
+    Unproven {
+        /// Shard index.
+        index: usize,
+        /// Address.
+        addr: String,
+    },
     /// The client was built without servers.
     #[error("no parameter servers configured: the job's parameterServers.replicas is 0")]
     NoServers,
@@ -299,20 +310,29 @@ impl PsClient {
         stream.set_write_timeout(Some(self.config.request_timeout)).map_err(lost)?;
         let writer = BufWriter::with_capacity(1 << 16, stream.try_clone().map_err(lost)?);
         self.conns[index] = Some(Conn { reader: BufReader::with_capacity(1 << 16, stream), writer });
-        // The server opens with a challenge; the hello proves the token over it (the token
-        // itself never crosses the wire).
-        let nonce = match self.read_reply(index, "hello")? {
+        // The server opens with a challenge; the hello proves the token over it and our own
+        // nonce, and the welcome proves it back (the token itself never crosses the wire).
+        let challenge = match self.read_reply(index, "hello")? {
             Frame::Challenge { nonce } => nonce,
             other => return Err(ClientError::Unexpected { index, addr, op: "hello", got: other.name() }),
         };
+        let nonce: [u8; wire::NONCE_LEN] = crate::util::token::random_bytes().map_err(lost)?;
         let (peer, total_len, total_steps) =
             (self.config.peer, self.config.total_len, self.config.total_steps);
-        let proof = wire::hello_proof(self.config.token.as_bytes(), &nonce, peer, total_len, total_steps);
-        let hello = Frame::Hello { proof, peer, total_len, total_steps };
+        let token = self.config.token.as_bytes();
+        let proof = wire::hello_proof(token, &challenge, &nonce, peer, total_len, total_steps);
+        let hello = Frame::Hello { proof, nonce, peer, total_len, total_steps };
         let reply = self.call_one(index, "hello", hello)?;
-        let Frame::Welcome { shard, replicas, start, end, total_len, mode, .. } = reply else {
+        let Frame::Welcome { shard, replicas, start, end, total_len, mode, proof, .. } = reply else {
             return Err(ClientError::Unexpected { index, addr, op: "hello", got: reply.name() });
         };
+        let token = self.config.token.as_bytes();
+        let layout = [u64::from(shard), u64::from(replicas), start, end, total_len];
+        let want = wire::welcome_proof(token, &challenge, &nonce, layout);
+        if !crate::util::token::same_bytes(&proof, &want) {
+            self.conns[index] = None;
+            return Err(ClientError::Unproven { index, addr });
+        }
         let layout = |detail: String| ClientError::Layout { index, addr: addr.clone(), detail };
         if shard as usize != index || replicas as usize != self.config.servers.len() {
             return Err(layout(format!(

@@ -10,9 +10,20 @@
 //! kinds `0x01..=0x08`, replies `0x80..=0x86` (`0x80`, the challenge, opens every connection),
 //! errors `0xEE`.
 //!
+//! Authentication, as the collectives' handshake (`comm::auth`): the server opens every
+//! connection with a [`Frame::Challenge`] (a fresh nonce); the client's [`Frame::Hello`] carries its
+//! own nonce and [`hello_proof`], an HMAC of the job token over both nonces and the hello's fields;
+//! the server's [`Frame::Welcome`] carries [`welcome_proof`], an HMAC under a distinct label over
+//! both nonces and the layout it announces, which the client checks. So the token never crosses
+//! the wire, neither proof can be replayed on another connection, and a client never trains
+//! against a server that does not hold the job's token. Before the hello a server reads at most
+//! [`MAX_HELLO_FRAME`] bytes of one frame and answers anything but a valid hello with one error and
+//! a close.
+//!
 //! Guarantees: [`decode_body`] never panics and never allocates more than the body it is given;
 //! a header announcing more than the receiver's maximum frame size is refused before any body is
-//! read ([`WireError::TooLarge`]). Errors say whether the byte stream can still be followed
+//! read ([`WireError::TooLarge`]). A peer of another protocol version is refused with
+//! [`WireError::Version`], which names both versions. Errors say whether the byte stream can still be followed
 //! ([`WireError::is_fatal`]): after a bad magic, version or size the receiver cannot find the next
 //! frame and must close; after an unknown kind or a malformed body it has consumed exactly one
 //! frame and may answer and go on.
@@ -28,20 +39,29 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// Protocol version this build speaks. Version 2: the hello carries the run's step count, pushes
 /// carry no kind (the mode both sides agreed on at hello decides), and the elastic mode its α and
 /// τ. Version 3: the server opens with a challenge and the hello proves the job token with an
-/// HMAC of it instead of carrying the token.
-pub const PROTOCOL_VERSION: u8 = 3;
+/// HMAC of it instead of carrying the token. Version 4: mutual proof (the hello carries the
+/// client's nonce, the welcome the server's proof), one frame of at most [`MAX_HELLO_FRAME`]
+/// bytes before the hello, and the [`ErrorCode::Busy`] refusal.
+pub const PROTOCOL_VERSION: u8 = 4;
+
+/// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
+pub const MAX_HELLO_FRAME: usize = 128;
+/// The kind byte of [`Frame::Hello`].
+pub const HELLO_KIND: u8 = 0x01;
 
 /// Length of the server's challenge nonce.
 pub const NONCE_LEN: usize = 16;
 /// Length of a hello's proof (HMAC-SHA256).
 pub const PROOF_LEN: usize = crate::util::token::MAC_LEN;
 
-/// The proof a hello carries: `HMAC(token, "tandem-ps-hello" ‖ nonce ‖ peer ‖ total_len ‖
-/// total_steps)`, binding the hello's fields to this connection's challenge, so the token never
-/// crosses the wire and a proof cannot be replayed on another connection or with other fields.
+/// The proof a hello carries: `HMAC(token, "tandem-ps-v4/hello" ‖ challenge ‖ client nonce ‖ peer
+/// ‖ total_len ‖ total_steps)`, binding the hello's fields to this connection's challenge, so the
+/// token never crosses the wire and a proof cannot be replayed on another connection or with
+/// other fields.
 pub fn hello_proof(
     token: &[u8],
-    nonce: &[u8; NONCE_LEN],
+    challenge: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
     peer: Peer,
     total_len: u64,
     total_steps: u64,
@@ -54,7 +74,30 @@ pub fn hello_proof(
     };
     crate::util::token::hmac(
         token,
-        &[b"tandem-ps-hello", nonce, &peer_bytes, &total_len.to_le_bytes(), &total_steps.to_le_bytes()],
+        &[
+            b"tandem-ps-v4/hello",
+            challenge,
+            client_nonce,
+            &peer_bytes,
+            &total_len.to_le_bytes(),
+            &total_steps.to_le_bytes(),
+        ],
+    )
+}
+
+/// The server's proof in its welcome: `HMAC(token, "tandem-ps-v4/welcome" ‖ challenge ‖ client
+/// nonce ‖ shard ‖ replicas ‖ start ‖ end ‖ total_len)`. Its label differs from the hello's, so a
+/// server cannot be made to answer a client's proof for it.
+pub fn welcome_proof(
+    token: &[u8],
+    challenge: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    layout: [u64; 5],
+) -> [u8; PROOF_LEN] {
+    let [shard, replicas, start, end, total_len] = layout.map(u64::to_le_bytes);
+    crate::util::token::hmac(
+        token,
+        &[b"tandem-ps-v4/welcome", challenge, client_nonce, &shard, &replicas, &start, &end, &total_len],
     )
 }
 /// Bytes of the fixed header.
@@ -119,6 +162,8 @@ pub enum ErrorCode {
     Mismatch,
     /// A frame larger than the server accepts.
     TooLarge,
+    /// The server serves as many connections as it may; retry later.
+    Busy,
 }
 
 impl ErrorCode {
@@ -131,6 +176,7 @@ impl ErrorCode {
             ErrorCode::BadRange => 5,
             ErrorCode::Mismatch => 6,
             ErrorCode::TooLarge => 7,
+            ErrorCode::Busy => 8,
         }
     }
 
@@ -143,6 +189,7 @@ impl ErrorCode {
             5 => ErrorCode::BadRange,
             6 => ErrorCode::Mismatch,
             7 => ErrorCode::TooLarge,
+            8 => ErrorCode::Busy,
             _ => return None,
         })
     }
@@ -157,6 +204,8 @@ pub enum Frame {
     Hello {
         /// [`hello_proof`] of the job token over this connection's challenge and these fields.
         proof: [u8; PROOF_LEN],
+        /// The client's fresh nonce, which the welcome's proof covers.
+        nonce: [u8; NONCE_LEN],
         /// The caller.
         peer: Peer,
         /// Length of the whole flat parameter vector.
@@ -224,6 +273,8 @@ pub enum Frame {
         mode: PsMode,
         /// Updates applied so far.
         version: u64,
+        /// [`welcome_proof`]: the server holds the job token too.
+        proof: [u8; PROOF_LEN],
     },
     /// Answer to join.
     Joined {
@@ -382,8 +433,9 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     out.push(frame.kind());
     let mut w = Writer(out);
     match frame {
-        Frame::Hello { proof, peer, total_len, total_steps } => {
+        Frame::Hello { proof, nonce, peer, total_len, total_steps } => {
             w.bytes(proof);
+            w.bytes(nonce);
             match peer {
                 Peer::Worker { group, rank, attempt } => {
                     w.u8(0);
@@ -418,7 +470,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u32(p.epoch);
         }
         Frame::Challenge { nonce } => w.bytes(nonce),
-        Frame::Welcome { shard, replicas, start, end, total_len, mode, version } => {
+        Frame::Welcome { shard, replicas, start, end, total_len, mode, version, proof } => {
             w.u32(*shard);
             w.u32(*replicas);
             w.u64(*start);
@@ -437,6 +489,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
                 }
             }
             w.u64(*version);
+            w.bytes(proof);
         }
         Frame::Joined { clock, version } => {
             w.u64(*clock);
@@ -484,12 +537,13 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
     let frame = match kind {
         0x01 => {
             let proof = r.array("proof")?;
+            let nonce = r.array("nonce")?;
             let peer = match r.u8()? {
                 0 => Peer::Worker { group: r.u32()?, rank: r.u32()?, attempt: r.u32()? },
                 1 => Peer::Observer,
                 other => return Err(r.bad(format!("unknown peer kind {other}"))),
             };
-            Frame::Hello { proof, peer, total_len: r.u64()?, total_steps: r.u64()? }
+            Frame::Hello { proof, nonce, peer, total_len: r.u64()?, total_steps: r.u64()? }
         }
         0x02 => Frame::Init { offset: r.u64()?, values: r.floats()? },
         0x03 => Frame::Join,
@@ -525,7 +579,8 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                 2 => PsMode::Elastic { alpha: r.f64()?, tau: r.u64()? },
                 other => return Err(r.bad(format!("unknown mode {other}"))),
             };
-            Frame::Welcome { shard, replicas, start, end, total_len, mode, version: r.u64()? }
+            let version = r.u64()?;
+            Frame::Welcome { shard, replicas, start, end, total_len, mode, version, proof: r.array("proof")? }
         }
         0x82 => Frame::Joined { clock: r.u64()?, version: r.u64()? },
         0x83 => Frame::Left,
@@ -545,7 +600,8 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
     Ok(frame)
 }
 
-fn kind_name(kind: u8) -> Option<&'static str> {
+/// The name of frame kind `kind`, or `None` for a kind this build does not know.
+pub fn kind_name(kind: u8) -> Option<&'static str> {
     Some(match kind {
         0x01 => "hello",
         0x02 => "init",
@@ -718,11 +774,18 @@ mod tests {
         vec![
             Frame::Hello {
                 proof: [7; PROOF_LEN],
+                nonce: [9; NONCE_LEN],
                 peer: Peer::Worker { group: 3, rank: 1, attempt: 2 },
                 total_len: 1234,
                 total_steps: 625,
             },
-            Frame::Hello { proof: [0; PROOF_LEN], peer: Peer::Observer, total_len: 0, total_steps: 0 },
+            Frame::Hello {
+                proof: [0; PROOF_LEN],
+                nonce: [1; NONCE_LEN],
+                peer: Peer::Observer,
+                total_len: 0,
+                total_steps: 0,
+            },
             Frame::Challenge { nonce: [0xab; NONCE_LEN] },
             Frame::Init { offset: 7, values: vec![1.0, -2.5, 3.25] },
             Frame::Join,
@@ -743,6 +806,7 @@ mod tests {
                 total_len: 10,
                 mode: PsMode::Async { staleness: Some(2) },
                 version: 77,
+                proof: [3; PROOF_LEN],
             },
             Frame::Welcome {
                 shard: 0,
@@ -752,6 +816,7 @@ mod tests {
                 total_len: 1,
                 mode: PsMode::Async { staleness: None },
                 version: 0,
+                proof: [4; PROOF_LEN],
             },
             Frame::Welcome {
                 shard: 2,
@@ -761,6 +826,7 @@ mod tests {
                 total_len: 12,
                 mode: PsMode::Elastic { alpha: 0.45, tau: 4 },
                 version: 9,
+                proof: [5; PROOF_LEN],
             },
             Frame::Joined { clock: 3, version: 4 },
             Frame::Left,
@@ -768,6 +834,7 @@ mod tests {
             Frame::Weights { version: 8, offset: 2, values: vec![f32::MAX, f32::MIN_POSITIVE] },
             Frame::Status("{\"step\":1}".into()),
             Frame::Error { code: ErrorCode::BadRange, message: "nope".into() },
+            Frame::Error { code: ErrorCode::Busy, message: "full".into() },
         ]
     }
 
@@ -825,20 +892,37 @@ mod tests {
     }
 
     #[test]
-    fn a_hello_proof_depends_on_the_token_the_challenge_and_every_field() {
+    fn a_hello_proof_depends_on_the_token_both_nonces_and_every_field() {
         let peer = Peer::Worker { group: 1, rank: 2, attempt: 3 };
-        let base = hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 20);
-        assert_eq!(base, hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 20));
+        let (a, c) = ([1; NONCE_LEN], [6; NONCE_LEN]);
+        let base = hello_proof(b"token", &a, &c, peer, 10, 20);
+        assert_eq!(base, hello_proof(b"token", &a, &c, peer, 10, 20));
         for other in [
-            hello_proof(b"tokem", &[1; NONCE_LEN], peer, 10, 20),
-            hello_proof(b"token", &[2; NONCE_LEN], peer, 10, 20),
-            hello_proof(b"token", &[1; NONCE_LEN], Peer::Observer, 10, 20),
-            hello_proof(b"token", &[1; NONCE_LEN], Peer::Worker { group: 1, rank: 2, attempt: 4 }, 10, 20),
-            hello_proof(b"token", &[1; NONCE_LEN], peer, 11, 20),
-            hello_proof(b"token", &[1; NONCE_LEN], peer, 10, 21),
+            hello_proof(b"tokem", &a, &c, peer, 10, 20),
+            hello_proof(b"token", &[2; NONCE_LEN], &c, peer, 10, 20),
+            hello_proof(b"token", &a, &[7; NONCE_LEN], peer, 10, 20),
+            hello_proof(b"token", &a, &c, Peer::Observer, 10, 20),
+            hello_proof(b"token", &a, &c, Peer::Worker { group: 1, rank: 2, attempt: 4 }, 10, 20),
+            hello_proof(b"token", &a, &c, peer, 11, 20),
+            hello_proof(b"token", &a, &c, peer, 10, 21),
         ] {
             assert_ne!(other, base);
         }
+        // The welcome's proof is of another label: one cannot stand in for the other.
+        let welcome = welcome_proof(b"token", &a, &c, [0, 1, 0, 10, 10]);
+        assert_ne!(welcome, base);
+        assert_ne!(welcome, welcome_proof(b"token", &a, &c, [0, 1, 0, 9, 10]));
+    }
+
+    #[test]
+    fn a_hello_fits_the_pre_authentication_limit() {
+        let mut buf = Vec::new();
+        let peer = Peer::Worker { group: u32::MAX, rank: u32::MAX, attempt: u32::MAX };
+        let hello =
+            Frame::Hello { proof: [0; PROOF_LEN], nonce: [0; NONCE_LEN], peer, total_len: 1, total_steps: 1 };
+        encode(&hello, &mut buf);
+        assert!(buf.len() - HEADER_LEN <= MAX_HELLO_FRAME);
+        assert_eq!(buf[7], HELLO_KIND);
     }
 
     #[test]

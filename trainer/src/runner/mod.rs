@@ -113,7 +113,8 @@ pub enum Event {
     Status {
         /// PS index (0).
         ps: u32,
-        /// `host:port` of the endpoint; `GET /status` with the job token as bearer.
+        /// `host:port` of the endpoint; `GET /status` with a proof of the job token
+        /// (`tandem_api::contract::status_auth`).
         addr: String,
     },
     /// `--chaos` killed a process.

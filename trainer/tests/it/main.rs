@@ -25,6 +25,7 @@ mod launcher;
 mod models;
 mod optim;
 mod ps_faults;
+mod ps_hostile;
 mod ps_modes;
 mod ps_status;
 mod ps_training;

@@ -12,7 +12,7 @@ use tandem::ps::client::{ClientError, PsClient};
 use tandem::ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 
 /// A raw connection, past the server's challenge, with the challenge's nonce.
-fn raw_challenged(addr: &str) -> (TcpStream, [u8; wire::NONCE_LEN]) {
+pub fn raw_challenged(addr: &str) -> (TcpStream, [u8; wire::NONCE_LEN]) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let Frame::Challenge { nonce } = reply(&mut s) else { panic!("the server opens with a challenge") };
@@ -23,26 +23,33 @@ fn raw(addr: &str) -> TcpStream {
     raw_challenged(addr).0
 }
 
-fn hello(token: &str, nonce: &[u8; wire::NONCE_LEN], peer: Peer, total_len: u64, total_steps: u64) -> Frame {
-    let proof = wire::hello_proof(token.as_bytes(), nonce, peer, total_len, total_steps);
-    Frame::Hello { proof, peer, total_len, total_steps }
+pub fn hello(
+    token: &str,
+    challenge: &[u8; wire::NONCE_LEN],
+    peer: Peer,
+    total_len: u64,
+    total_steps: u64,
+) -> Frame {
+    let nonce = [0x5c; wire::NONCE_LEN];
+    let proof = wire::hello_proof(token.as_bytes(), challenge, &nonce, peer, total_len, total_steps);
+    Frame::Hello { proof, nonce, peer, total_len, total_steps }
 }
 
-fn send(s: &mut TcpStream, frame: &Frame) {
+pub fn send(s: &mut TcpStream, frame: &Frame) {
     wire::write_frame(s, frame).unwrap();
 }
 
-fn reply(s: &mut TcpStream) -> Frame {
+pub fn reply(s: &mut TcpStream) -> Frame {
     wire::read_frame(s, wire::DEFAULT_MAX_FRAME).unwrap()
 }
 
-fn refused_with(frame: Frame, want: ErrorCode) -> bool {
+pub fn refused_with(frame: Frame, want: ErrorCode) -> bool {
     matches!(frame, Frame::Error { code, .. } if code == want)
 }
 
 /// After a refusal that ends the session, the server closes: the next read sees end of stream
 /// (or a reset, when the server closed with our unread bytes still queued).
-fn closed(s: &mut TcpStream) -> bool {
+pub fn closed(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 1];
     match s.read(&mut b) {
         Ok(0) => true,

@@ -1,15 +1,18 @@
-//! The HTTP status endpoint of a real `tandem ps` process: the job token guards it, it serves the
-//! progress a worker group reported, and hostile bytes on it disturb neither it nor training.
+//! The HTTP status endpoint of a real `tandem ps` process: a proof of the job token guards it (the
+//! token itself never crosses the wire), it serves the progress a worker group reported, and
+//! hostile bytes or slow peers on it disturb neither it, its health probe, nor training.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::ps_common::{Job, TOKEN};
 use tandem::ps::wire::Progress;
-use tandem_api::contract::{PsStatus, env};
+use tandem::util::token::{hex, hmac, random_bytes};
+use tandem_api::contract::{PsStatus, env, status_auth};
 
 /// A child process killed when dropped.
 struct Running(Child);
@@ -61,9 +64,23 @@ fn raw(addr: &str, request: &[u8]) -> (u16, String) {
     (code, body)
 }
 
+/// The `Authorization` value proving `token` for `GET path` now, as the operator signs it.
+fn signed(token: &str, path: &str) -> String {
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let nonce = hex(&random_bytes::<16>().unwrap());
+    let mac = hmac(token.as_bytes(), &[&status_auth::message("GET", path, unix, &nonce)]);
+    status_auth::header(unix, &nonce, &hex(&mac))
+}
+
+fn get_with(addr: &str, path: &str, authorization: &str) -> (u16, String) {
+    raw(addr, format!("GET {path} HTTP/1.1\r\nHost: ps\r\nAuthorization: {authorization}\r\n\r\n").as_bytes())
+}
+
 fn get(addr: &str, path: &str, token: Option<&str>) -> (u16, String) {
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    raw(addr, format!("GET {path} HTTP/1.1\r\nHost: ps\r\n{auth}\r\n").as_bytes())
+    match token {
+        Some(t) => get_with(addr, path, &signed(t, path)),
+        None => raw(addr, format!("GET {path} HTTP/1.1\r\nHost: ps\r\n\r\n").as_bytes()),
+    }
 }
 
 #[test]
@@ -119,6 +136,17 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
         raw(&status, format!("GET /status HTTP/1.1\r\nAuthorization: Basic {TOKEN}\r\n\r\n").as_bytes()).0,
         401
     );
+    // The token in clear is no longer taken; a proof for another path, or one used already, is not
+    // either.
+    let (code, body) = get_with(&status, "/status", &format!("Bearer {TOKEN}"));
+    assert_eq!(code, 401);
+    assert!(body.contains("no longer takes the job token as a bearer"), "{body}");
+    assert_eq!(get_with(&status, "/status", &signed(TOKEN, "/metrics")).0, 401);
+    let once = signed(TOKEN, "/status");
+    assert_eq!(get_with(&status, "/status", &once).0, 200);
+    let (code, body) = get_with(&status, "/status", &once);
+    assert_eq!(code, 401, "a replayed proof is refused");
+    assert!(body.contains("used already"), "{body}");
     assert_eq!(get(&status, "/healthz", None), (200, "ok\n".to_owned()));
     assert_eq!(get(&status, "/other", Some(TOKEN)).0, 404);
     assert_eq!(raw(&status, b"POST /status HTTP/1.1\r\n\r\n").0, 405);
@@ -167,4 +195,49 @@ fn status_port_off_serves_no_endpoint_and_bad_values_are_refused() {
     let first = lines.next().unwrap().unwrap();
     assert!(first.starts_with("listening on "), "{first}");
     assert_eq!(lines.next().unwrap().unwrap(), "status off");
+}
+
+/// Opens a connection that starts a request head and then sends one byte now and then.
+fn slow_peer(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /status HTTP/1.1\r\nX-Slow: ").unwrap();
+    s
+}
+
+/// `GET /healthz` with the operator's 3 s timeout (its `progress::FETCH_TIMEOUT`): the status
+/// code, or `None` when no answer came in time.
+fn probe(addr: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: ps\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    answer.split(' ').nth(1)?.parse().ok()
+}
+
+#[test]
+fn slow_peers_on_the_status_port_do_not_delay_the_health_probe() {
+    let job = Job::new("ps-async", 0, 1, 0);
+    let ps = spawn_ps_with_status(&job);
+    // 48 slow peers, more than the 32 the endpoint once served at once, then 200 (past its bounds).
+    for slow in [48usize, 200] {
+        let mut peers: Vec<TcpStream> = (0..slow).map(|_| slow_peer(&ps.status)).collect();
+        let started = Instant::now();
+        let mut answered = 0;
+        for round in 0..12 {
+            // Keep the slow peers trickling, as a slowloris does.
+            for p in &mut peers {
+                let _ = p.write_all(b"a");
+            }
+            let code = probe(&ps.status);
+            assert_eq!(code, Some(200), "probe {round} under {slow} slow peers");
+            answered += 1;
+        }
+        println!(
+            "{answered} of 12 health probes answered under {slow} slow peers, in {:?}",
+            started.elapsed()
+        );
+    }
+    // The endpoint still serves status to the token holder.
+    assert_eq!(get(&ps.status, "/status", Some(TOKEN)).0, 200);
 }

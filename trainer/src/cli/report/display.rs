@@ -89,7 +89,7 @@ impl Display {
                 }
             }
             Event::Status { ps, addr } => self.note(&format!(
-                "parameter server {ps}: status on http://{addr}{} (job token as bearer)",
+                "parameter server {ps}: status on http://{addr}{} (Tandem-HMAC proof of the job token, see tandem_api::contract::status_auth)",
                 tandem_api::contract::STATUS_PATH
             )),
             Event::Chaos { target, step } => self.note(&format!("chaos: killed {target} at step {step}")),

@@ -6,41 +6,73 @@
 //! serves it beside the training protocol and answers each request from the shard's state.
 //!
 //! Routes (HTTP/1.1, one request per connection, `Connection: close`):
-//! - `GET /status` with `Authorization: Bearer <job token>`: 200 and a
+//! - `GET /status` with an `Authorization: Tandem-HMAC …` header that proves the job token without
+//!   sending it ([`tandem_api::contract::status_auth`]): 200 and a
 //!   [`tandem_api::contract::PsStatus`] as JSON, plus the shard's `mode`, `ready`, `groups`,
 //!   `refused` and `waitingPulls`;
-//! - `GET /metrics` with the same token: the same numbers in Prometheus text format;
-//! - `GET /healthz`: 200 `ok`, without a token (a probe that learns nothing);
-//! - a missing or wrong token: 401; another path: 404; another method: 405; a request that is
-//!   not HTTP: 400; a head larger than [`MAX_HEAD`]: 431.
+//! - `GET /metrics` with the same proof: the same numbers in Prometheus text format;
+//! - `GET /healthz`: 200 `ok`, without a token (a probe that learns nothing), or 503 with the
+//!   reason once the shard task has failed;
+//! - a missing, wrong, stale or replayed proof (or a bearer token, which this endpoint no longer
+//!   takes): 401; another path: 404; another method: 405; a request that is not HTTP: 400; a head
+//!   larger than [`MAX_HEAD`]: 431.
 //!
 //! Guarantees: the endpoint shares nothing with the training connections but a bounded query
 //! queue to the shard's owner, so a malformed, slow or flooding client costs only its own
-//! connection: at most [`MAX_CONNECTIONS`] are served at once, each must send its head within
-//! [`READ_TIMEOUT`] and is closed after one answer. Tokens are compared in constant time.
+//! connection. Accepting never waits: connections still sending their head are bounded per
+//! source and in all ([`super::gate`], [`MAX_CONNECTIONS`]; the oldest of the busiest source
+//! makes room), each must send its head within [`READ_TIMEOUT`] and is closed after one answer,
+//! so a probe of `/healthz` — one short head — is answered at once however many slow peers
+//! hold connections. MACs are compared in constant time.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
+use super::gate::{Admission, Bounds};
 use super::state::{GroupStatus, ShardStatus};
-use crate::util::token::same_bytes;
+use crate::util::token::{hex, hmac, same_bytes};
 use tandem_api::PsMode;
-use tandem_api::contract::{PsStatus, STATUS_PATH};
+use tandem_api::contract::{PsStatus, STATUS_PATH, status_auth};
 
 /// Largest request head (request line and headers) read, in bytes.
 pub const MAX_HEAD: usize = 8 * 1024;
-/// Time a client has to send its whole request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Requests served at once; more wait in the accept queue.
-pub const MAX_CONNECTIONS: usize = 32;
+/// Time a client has to send its whole request head (below the operator's 3 s fetch timeout).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections still sending their head, at most, in all.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections still sending their head, at most, from one source address.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 32;
+/// Time one connection may take in all, head, shard query and answer.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+/// Nonces remembered against replays (each for [`status_auth::MAX_SKEW_SECONDS`] twice over).
+const MAX_NONCES: usize = 4096;
 /// Time the shard has to answer a status query before the request gets 503.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the server is healthy, as `/healthz` reports it. Cheap to clone (shared).
+#[derive(Clone, Debug, Default)]
+pub struct Health(Arc<Mutex<Option<String>>>);
+
+impl Health {
+    /// Marks the server failed for `why`; `/healthz` answers 503 with it from now on.
+    pub fn fail(&self, why: String) {
+        if let Ok(mut failure) = self.0.lock() {
+            failure.get_or_insert(why);
+        }
+    }
+
+    /// Why the server failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|f| f.clone())
+    }
+}
 
 /// A bound status endpoint, not yet serving.
 pub struct StatusListener {
@@ -153,27 +185,121 @@ impl StatusDocument {
 /// How the endpoint asks the shard's owner for a document.
 pub type Query = mpsc::Sender<oneshot::Sender<StatusDocument>>;
 
-/// Serves `listener` until the task is dropped or aborted.
-pub async fn serve(listener: StatusListener, token: Arc<str>, query: Query) {
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+/// Serves `listener` until the task is dropped or aborted; `/healthz` reports `health`.
+pub async fn serve(listener: StatusListener, token: Arc<str>, query: Query, health: Health) {
+    let admission = Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
+    let seen = Arc::new(Mutex::new(Nonces::default()));
     loop {
-        let Ok(permit) = limit.clone().acquire_owned().await else { return };
-        let stream = match listener.listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (mut stream, peer) = match listener.listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::debug!(error = %e, "status endpoint: accept failed; retrying");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let (token, query) = (token.clone(), query.clone());
+        let ticket = admission.admit(peer.ip());
+        let cx = Endpoint {
+            token: token.clone(),
+            query: query.clone(),
+            health: health.clone(),
+            seen: seen.clone(),
+        };
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, &token, &query).await {
-                tracing::debug!(error = %e, "status endpoint: connection failed");
+            let head = tokio::select! {
+                _ = ticket.evicted() => return,
+                head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)) => head,
+            };
+            drop(ticket);
+            match tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, head, &cx)).await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "status endpoint: connection failed"),
+                Err(_) => tracing::debug!("status endpoint: answer not taken in time"),
+                Ok(Ok(())) => {}
             }
-            drop(permit);
         });
     }
+}
+
+/// What every request of the endpoint shares.
+struct Endpoint {
+    token: Arc<str>,
+    query: Query,
+    health: Health,
+    seen: Arc<Mutex<Nonces>>,
+}
+
+/// Nonces of accepted requests, with their timestamps, for [`status_auth::MAX_SKEW_SECONDS`]
+/// either side of now.
+#[derive(Default)]
+struct Nonces {
+    by_nonce: HashMap<String, u64>,
+}
+
+impl Nonces {
+    /// Records `nonce` of a request at `timestamp`; `false` if it was seen (a replay) or no room
+    /// is left.
+    fn first_use(&mut self, nonce: &str, timestamp: u64, now: u64) -> bool {
+        let window = status_auth::MAX_SKEW_SECONDS;
+        if self.by_nonce.len() >= MAX_NONCES {
+            self.by_nonce.retain(|_, ts| ts.abs_diff(now) <= window);
+        }
+        if self.by_nonce.len() >= MAX_NONCES || self.by_nonce.contains_key(nonce) {
+            return false;
+        }
+        self.by_nonce.insert(nonce.to_owned(), timestamp);
+        true
+    }
+}
+
+/// Why a request's `Authorization` header does not prove the token, for the 401's body; `None`
+/// when it does.
+fn refuse_auth(request: &Request, token: &str, seen: &Mutex<Nonces>, now: u64) -> Option<String> {
+    let Some(value) = request.authorization.as_deref() else {
+        return Some(format!(
+            "send `Authorization: {} ts=<unix seconds>, nonce=<32 hex digits>, mac=<hex HMAC-SHA256 of the job \
+             token over \"tandem-status-v1\\n{}\\n{}\\n<ts>\\n<nonce>\">` (see tandem_api::contract::status_auth)\n",
+            status_auth::SCHEME,
+            request.method,
+            request.path
+        ));
+    };
+    if value.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("bearer ")) {
+        return Some(format!(
+            "this endpoint no longer takes the job token as a bearer (it would cross the wire in clear); \
+             prove it with `Authorization: {} …` (see tandem_api::contract::status_auth)\n",
+            status_auth::SCHEME
+        ));
+    }
+    let Some(c) = status_auth::parse(value) else {
+        return Some(format!(
+            "the Authorization header is not `{} ts=…, nonce=…, mac=…`\n",
+            status_auth::SCHEME
+        ));
+    };
+    if c.timestamp.abs_diff(now) > status_auth::MAX_SKEW_SECONDS {
+        return Some(format!(
+            "the request's timestamp {} is more than {} s from this server's clock ({now}); sign it now (and \
+             keep the clocks in sync)\n",
+            c.timestamp,
+            status_auth::MAX_SKEW_SECONDS
+        ));
+    }
+    let want = hmac(
+        token.as_bytes(),
+        &[&status_auth::message(&request.method, &request.path, c.timestamp, &c.nonce)],
+    );
+    if !same_bytes(hex(&want).as_bytes(), c.mac.as_bytes()) {
+        return Some("the MAC does not match this job's token\n".to_owned());
+    }
+    let fresh = seen.lock().map(|mut s| s.first_use(&c.nonce, c.timestamp, now)).unwrap_or(false);
+    if !fresh {
+        return Some("this nonce was used already: sign every request with a fresh one\n".to_owned());
+    }
+    None
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// A parsed request head: what routing needs.
@@ -190,8 +316,12 @@ enum HeadError {
     Closed,
 }
 
-async fn answer(mut stream: TcpStream, token: &str, query: &Query) -> std::io::Result<()> {
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
+async fn answer(
+    mut stream: TcpStream,
+    head: Result<Result<Vec<u8>, HeadError>, tokio::time::error::Elapsed>,
+    cx: &Endpoint,
+) -> std::io::Result<()> {
+    let head = match head {
         Ok(Ok(head)) => head,
         Ok(Err(HeadError::TooLarge)) => {
             return respond(&mut stream, 431, "text/plain", "request head too large\n").await;
@@ -218,24 +348,16 @@ async fn answer(mut stream: TcpStream, token: &str, query: &Query) -> std::io::R
         return respond(&mut stream, 405, "text/plain", "only GET is served\n").await;
     }
     if route == Route::Health {
-        return respond(&mut stream, 200, "text/plain", "ok\n").await;
+        return match cx.health.failure() {
+            None => respond(&mut stream, 200, "text/plain", "ok\n").await,
+            Some(why) => respond(&mut stream, 503, "text/plain", &format!("{why}\n")).await,
+        };
     }
-    let authorised = request
-        .authorization
-        .as_deref()
-        .and_then(|a| a.strip_prefix("Bearer ").or_else(|| a.strip_prefix("bearer ")))
-        .is_some_and(|t| same_bytes(t.trim().as_bytes(), token.as_bytes()));
-    if !authorised {
-        return respond(
-            &mut stream,
-            401,
-            "text/plain",
-            "send the job token as `Authorization: Bearer <token>`\n",
-        )
-        .await;
+    if let Some(why) = refuse_auth(&request, &cx.token, &cx.seen, unix_now()) {
+        return respond(&mut stream, 401, "text/plain", &why).await;
     }
     let (tx, rx) = oneshot::channel();
-    let document = match query.try_send(tx) {
+    let document = match cx.query.try_send(tx) {
         Ok(()) => tokio::time::timeout(QUERY_TIMEOUT, rx).await.ok().and_then(Result::ok),
         Err(_) => None,
     };
@@ -325,7 +447,7 @@ async fn respond(stream: &mut TcpStream, code: u16, content_type: &str, body: &s
     };
     let mut extra = String::new();
     if code == 401 {
-        extra.push_str("WWW-Authenticate: Bearer\r\n");
+        extra.push_str(&format!("WWW-Authenticate: {}\r\n", status_auth::SCHEME));
     }
     if code == 405 {
         extra.push_str("Allow: GET\r\n");
@@ -360,6 +482,33 @@ mod tests {
             assert_eq!(parse_head(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
         assert_eq!(parse_head(b"GET / HTTP/1.1\r\nno colon here"), None);
+    }
+
+    fn request(path: &str, authorization: Option<String>) -> Request {
+        Request { method: "GET".into(), path: path.into(), authorization }
+    }
+
+    #[test]
+    fn a_proof_of_the_token_is_taken_once_and_a_bearer_never() {
+        // The vector the operator's tests sign too (operator/src/progress.rs).
+        let (token, nonce, ts) = ("ps-test-token-7f3a", "00112233445566778899aabbccddeeff", 1_700_000_000);
+        let mac = "7d8f647cdb62af56414e7fdf6317e46ea012a04fadc39ae3481e8908af0fa1e3";
+        let mac_here = hex(&hmac(token.as_bytes(), &[&status_auth::message("GET", "/status", ts, nonce)]));
+        assert_eq!(mac_here, mac);
+        let seen = Mutex::new(Nonces::default());
+        let signed = request("/status", Some(status_auth::header(ts, nonce, mac)));
+        assert_eq!(refuse_auth(&signed, token, &seen, ts + 10), None);
+        let replay = refuse_auth(&signed, token, &seen, ts + 11).unwrap();
+        assert!(replay.contains("used already"), "{replay}");
+        let other_path =
+            request("/metrics", Some(status_auth::header(ts, "ff112233445566778899aabbccddeeff", mac)));
+        assert!(refuse_auth(&other_path, token, &seen, ts).unwrap().contains("does not match"));
+        let stale =
+            request("/status", Some(status_auth::header(ts, "aa112233445566778899aabbccddeeff", mac)));
+        assert!(refuse_auth(&stale, token, &seen, ts + 301).unwrap().contains("more than 300 s"));
+        let bearer = request("/status", Some(format!("Bearer {token}")));
+        assert!(refuse_auth(&bearer, token, &seen, ts).unwrap().contains("no longer takes"));
+        assert!(refuse_auth(&request("/status", None), token, &seen, ts).unwrap().contains("Tandem-HMAC"));
     }
 
     #[test]

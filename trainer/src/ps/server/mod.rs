@@ -9,14 +9,28 @@
 //!
 //! Guarantees: one task owns the [`ShardState`], so frames are applied one at a time in arrival
 //! order; each connection has a reader and a writer task, so a client that pipelines big pushes
-//! and pulls never deadlocks against the server; bytes that are not frames, frames before hello,
-//! and wrong tokens are refused, logged and (where the stream is lost) the connection closed,
-//! while every other connection is served as before. A connection that says nothing within the
-//! hello timeout is closed. At most `max_connections` are open; more wait in the accept queue.
-//! With [`Server::with_status`] it also serves the HTTP status endpoint ([`http`]), whose
-//! queries the same task answers between frames; the training service never waits for it.
+//! and pulls never deadlocks against the server.
+//!
+//! Before a connection has proven the job token it never reaches the shard task and costs a
+//! bounded amount: the connection's own task sends the challenge, reads one frame of at most
+//! [`wire::MAX_HELLO_FRAME`] bytes, and closes unless it is a hello with a valid proof, all within
+//! one hard deadline (`hello_timeout`) from the accept. Anything else — bytes that are not a
+//! frame, an unknown or other kind, a larger frame, a wrong proof, silence — gets at most one
+//! error frame and the close. Unauthenticated connections are bounded per source address and in
+//! all ([`gate`]: the oldest of the busiest source makes room, so a real client is served while a
+//! hostile one floods), the log lines they cause are rate-limited, and their count shows in the
+//! status document's `refused`. At most `max_connections` authenticated connections are served;
+//! a hello beyond that is refused ([`wire::ErrorCode::Busy`]).
+//!
+//! If the shard task fails (a panic), the server stops serving, marks the status endpoint's
+//! `/healthz` failed and [`Server::run`] returns [`ServerError::ShardFailed`], so `tandem ps`
+//! exits non-zero and is restarted from its newest checkpoint; no final checkpoint is written
+//! from a state that a panic may have left half-updated. With [`Server::with_status`] it also
+//! serves the HTTP status endpoint ([`http`]), whose queries the same task answers between
+//! frames; the training service never waits for it.
 
 pub mod checkpoint;
+pub mod gate;
 pub mod http;
 pub mod optim;
 pub mod state;
@@ -33,10 +47,11 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
-use crate::ps::wire::{self, Frame, HEADER_LEN, Peer, WireError};
+use crate::ps::wire::{self, ErrorCode, Frame, HEADER_LEN, NONCE_LEN, Peer, WireError};
 use crate::util::token;
 use checkpoint::CheckpointError;
-use http::{StatusDocument, StatusListener};
+use gate::{Admission, Bounds, Ticket};
+use http::{Health, StatusDocument, StatusListener};
 use state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
 
 /// How a server runs.
@@ -49,10 +64,12 @@ pub struct ServerConfig {
     pub checkpoints: Option<checkpoint::Store>,
     /// Largest frame body accepted, in bytes.
     pub max_frame: usize,
-    /// Most connections served at once.
+    /// Most authenticated connections served at once.
     pub max_connections: usize,
-    /// How long a new connection may take to send its first frame.
+    /// Hard deadline, from the accept, for a new connection to prove the token in its hello.
     pub hello_timeout: Duration,
+    /// Bounds on connections that have not proven the token yet ([`gate`]).
+    pub unauthenticated: Bounds,
 }
 
 impl ServerConfig {
@@ -63,7 +80,8 @@ impl ServerConfig {
             checkpoints: None,
             max_frame: wire::DEFAULT_MAX_FRAME,
             max_connections: 1024,
-            hello_timeout: Duration::from_secs(30),
+            hello_timeout: Duration::from_secs(10),
+            unauthenticated: Bounds { per_source: 64, total: 256 },
         }
     }
 }
@@ -93,6 +111,11 @@ pub enum ServerError {
         /// Cause.
         source: RestoreError,
     },
+    /// The task that owns the shard failed; the shard's state since its newest checkpoint is lost.
+    #[error(
+        "the shard task failed: {0}; the parameter server stops so that it is restarted from its newest checkpoint"
+    )]
+    ShardFailed(String),
 }
 
 /// A bound parameter server, ready to run.
@@ -104,12 +127,16 @@ pub struct Server {
 }
 
 enum Event {
-    Connected(SessionId, mpsc::UnboundedSender<Outbound>),
+    /// An authenticated connection: the challenge it answered and where its replies go.
+    Connected(SessionId, [u8; NONCE_LEN], mpsc::UnboundedSender<Outbound>),
     Frame(SessionId, Frame),
     Wire(SessionId, WireError),
     Disconnected(SessionId),
     Status(oneshot::Sender<StatusDocument>),
     Shutdown,
+    /// Makes the shard task panic (tests of its supervision).
+    #[cfg(test)]
+    Panic,
 }
 
 enum Outbound {
@@ -155,11 +182,22 @@ impl Server {
         self.state.version()
     }
 
-    /// Serves until `shutdown` completes, then writes a final checkpoint.
+    /// Serves until `shutdown` completes, then writes a final checkpoint. Returns
+    /// [`ServerError::ShardFailed`] at once if the shard task fails.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+        self.run_inner(shutdown, |_, _| {}).await
+    }
+
+    async fn run_inner(
+        self,
+        shutdown: impl Future<Output = ()>,
+        started: impl FnOnce(&mpsc::Sender<Event>, &Health),
+    ) -> Result<(), ServerError> {
         let Server { listener, state, config, status } = self;
+        let admission = Admission::new(config.unauthenticated);
+        let health = Health::default();
         let (events_tx, events_rx) = mpsc::channel::<Event>(1024);
-        let actor = tokio::spawn(actor(state, events_rx, config.checkpoints.clone()));
+        let mut actor = tokio::spawn(actor(state, events_rx, config.checkpoints.clone(), admission.clone()));
         let status = status.map(|listener| {
             let (query_tx, mut query_rx) = mpsc::channel::<oneshot::Sender<StatusDocument>>(16);
             let events = events_tx.clone();
@@ -171,21 +209,33 @@ impl Server {
                 }
             });
             let token: Arc<str> = config.shard.token.as_str().into();
-            (tokio::spawn(http::serve(listener, token, query_tx)), forward)
+            (tokio::spawn(http::serve(listener, token, query_tx, health.clone())), forward)
         });
-        let limit = Arc::new(Semaphore::new(config.max_connections.max(1)));
+        started(&events_tx, &health);
+        let context = Arc::new(Context {
+            events: events_tx.clone(),
+            token: config.shard.token.as_str().into(),
+            max_frame: config.max_frame,
+            hello_timeout: config.hello_timeout,
+            limit: Arc::new(Semaphore::new(config.max_connections.max(1))),
+            admission,
+        });
         let mut next: SessionId = 0;
+        let mut actor_done = false;
         tokio::pin!(shutdown);
         let result = loop {
-            let permit = tokio::select! {
-                _ = &mut shutdown => break Ok(()),
-                p = limit.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => break Ok(()),
-                },
-            };
             let (stream, peer) = tokio::select! {
                 _ = &mut shutdown => break Ok(()),
+                ended = &mut actor => {
+                    actor_done = true;
+                    let why = match ended {
+                        Ok(()) => "it stopped unexpectedly".to_owned(),
+                        Err(e) => panic_message(e),
+                    };
+                    tracing::error!(error = %why, "the shard task failed; stopping");
+                    health.fail(format!("the shard task failed: {why}"));
+                    break Err(ServerError::ShardFailed(why));
+                }
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
                     Err(e) if is_transient(&e) => {
@@ -199,24 +249,45 @@ impl Server {
             next += 1;
             let session = next;
             tracing::debug!(session, %peer, "connection accepted");
-            let events = events_tx.clone();
-            let (max_frame, hello_timeout) = (config.max_frame, config.hello_timeout);
-            tokio::spawn(async move {
-                connection(stream, session, events, max_frame, hello_timeout).await;
-                drop(permit);
-            });
+            let ticket = context.admission.admit(peer.ip());
+            tokio::spawn(connection(stream, session, ticket, context.clone()));
         };
         drop(listener);
         if let Some((serve, forward)) = status {
             serve.abort();
             forward.abort();
         }
-        // Connections may stay open for ever, so the actor is told to stop rather than left to
-        // notice that every sender is gone; it writes a last checkpoint first.
-        let _ = events_tx.send(Event::Shutdown).await;
-        let _ = actor.await;
+        if !actor_done {
+            // Connections may stay open for ever, so the actor is told to stop rather than left
+            // to notice that every sender is gone; it writes a last checkpoint first.
+            let _ = events_tx.send(Event::Shutdown).await;
+            let _ = actor.await;
+        }
         result
     }
+}
+
+/// What a panicked (or cancelled) task said.
+fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .map_or_else(|| "it panicked".to_owned(), |m| format!("it panicked: {m}")),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// What every connection task shares.
+struct Context {
+    events: mpsc::Sender<Event>,
+    token: Arc<str>,
+    max_frame: usize,
+    hello_timeout: Duration,
+    /// Places for authenticated connections.
+    limit: Arc<Semaphore>,
+    admission: Admission,
 }
 
 fn is_transient(e: &std::io::Error) -> bool {
@@ -226,10 +297,19 @@ fn is_transient(e: &std::io::Error) -> bool {
 }
 
 /// Owns the shard: applies events in order and routes outputs.
-async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, store: Option<checkpoint::Store>) {
+async fn actor(
+    mut state: ShardState,
+    mut events: mpsc::Receiver<Event>,
+    store: Option<checkpoint::Store>,
+    admission: Admission,
+) {
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
     let mut meter = Throughput::default();
+    let mut counted = 0;
     while let Some(event) = events.recv().await {
+        let refused = admission.refused();
+        state.add_refused(refused - counted);
+        counted = refused;
         let outputs = match event {
             Event::Frame(s, Frame::Report(p)) => {
                 if let Some(Peer::Worker { group, attempt, .. }) = state.peer(s) {
@@ -237,15 +317,13 @@ async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, store: 
                 }
                 state.handle(s, Frame::Report(p))
             }
-            Event::Connected(s, tx) => {
+            Event::Connected(s, nonce, tx) => {
                 writers.insert(s, tx);
-                match token::random_bytes() {
-                    Ok(nonce) => state.connect(s, nonce),
-                    Err(e) => {
-                        tracing::warn!(session = s, error = %e, "no random challenge for a new connection; closing it");
-                        vec![Output::Close(s)]
-                    }
-                }
+                // The connection's task already sent this challenge and checked the hello's proof
+                // over it; the shard records it and checks the hello again.
+                let mut out = state.connect(s, nonce);
+                out.retain(|o| !matches!(o, Output::Send(_, Frame::Challenge { .. })));
+                out
             }
             Event::Frame(s, frame) => state.handle(s, frame),
             Event::Wire(s, error) => state.refuse_wire(s, &error),
@@ -261,6 +339,8 @@ async fn actor(mut state: ShardState, mut events: mpsc::Receiver<Event>, store: 
                 Vec::new()
             }
             Event::Shutdown => break,
+            #[cfg(test)]
+            Event::Panic => panic!("injected shard fault"),
         };
         for output in outputs {
             match output {
@@ -326,54 +406,68 @@ async fn write_checkpoint(state: &ShardState, store: Option<&checkpoint::Store>)
     }
 }
 
-/// Reads frames from one connection; a writer task sends what the actor queues for it.
-async fn connection(
-    stream: TcpStream,
-    session: SessionId,
-    events: mpsc::Sender<Event>,
-    max_frame: usize,
-    hello_timeout: Duration,
-) {
+/// Serves one connection: the handshake ([`handshake`]) under the hello deadline and the
+/// admission ticket, then frames to the shard task while a writer task sends what it queues.
+async fn connection(stream: TcpStream, session: SessionId, ticket: Ticket, cx: Arc<Context>) {
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+    let source = ticket.source();
+    let (mut rd, mut wr) = stream.into_split();
+    let hello = tokio::select! {
+        _ = ticket.evicted() => return,
+        done = tokio::time::timeout(cx.hello_timeout, handshake(&mut rd, &mut wr, &cx.token)) => match done {
+            Ok(Ok(hello)) => hello,
+            Ok(Err(Refusal::Gone(why))) => {
+                tracing::debug!(session, %source, "connection closed before its hello: {why}");
+                return;
+            }
+            Ok(Err(Refusal::Answer(code, message))) => {
+                cx.admission.refuse(source, &message);
+                return answer_once(rd, wr, code, message).await;
+            }
+            Err(_) => {
+                let message = format!(
+                    "no hello proving the job token within {:?} of connecting; closing",
+                    cx.hello_timeout
+                );
+                cx.admission.refuse(source, &message);
+                return answer_once(rd, wr, ErrorCode::Unauthenticated, message).await;
+            }
+        },
+    };
+    drop(ticket);
+    let Ok(_permit) = cx.limit.clone().try_acquire_owned() else {
+        let message = "this parameter server serves as many connections as it may (max_connections); \
+                       retry later or raise the limit"
+            .to_owned();
+        tracing::warn!(session, %source, "{message}");
+        return answer_once(rd, wr, ErrorCode::Busy, message).await;
+    };
+    let (nonce, hello) = hello;
     let (tx, rx) = mpsc::unbounded_channel();
-    if events.send(Event::Connected(session, tx)).await.is_err() {
+    if cx.events.send(Event::Connected(session, nonce, tx)).await.is_err()
+        || cx.events.send(Event::Frame(session, hello)).await.is_err()
+    {
         return;
     }
     let closed = Arc::new(Notify::new());
     tokio::spawn(writer(wr, rx, closed.clone()));
-    let mut reader = FrameReader { rd, buf: Vec::with_capacity(64 * 1024), max_frame };
-    let mut first = true;
+    let mut reader = FrameReader { rd, buf: Vec::with_capacity(64 * 1024), max_frame: cx.max_frame };
     loop {
-        let read = async {
-            if first {
-                tokio::time::timeout(hello_timeout, reader.read())
-                    .await
-                    .unwrap_or(Err(ReadFailure::HelloTimeout))
-            } else {
-                reader.read().await
-            }
-        };
         let event = tokio::select! {
             _ = closed.notified() => break,
-            r = read => r,
+            r = reader.read() => r,
         };
-        first = false;
         match event {
             Ok(frame) => {
-                if events.send(Event::Frame(session, frame)).await.is_err() {
+                if cx.events.send(Event::Frame(session, frame)).await.is_err() {
                     break;
                 }
             }
             Err(ReadFailure::Wire(e)) => {
                 let fatal = e.is_fatal();
-                if events.send(Event::Wire(session, e)).await.is_err() || fatal {
+                if cx.events.send(Event::Wire(session, e)).await.is_err() || fatal {
                     break;
                 }
-            }
-            Err(ReadFailure::HelloTimeout) => {
-                tracing::warn!(session, "no hello within {hello_timeout:?}; closing");
-                break;
             }
             Err(ReadFailure::Eof) => break,
             Err(ReadFailure::Io(e)) => {
@@ -382,7 +476,87 @@ async fn connection(
             }
         }
     }
-    let _ = events.send(Event::Disconnected(session)).await;
+    let _ = cx.events.send(Event::Disconnected(session)).await;
+}
+
+/// Why a handshake ended without an authenticated hello.
+enum Refusal {
+    /// The peer is owed one error frame.
+    Answer(ErrorCode, String),
+    /// The peer left or the socket failed: nothing to answer.
+    Gone(String),
+}
+
+impl From<WireError> for Refusal {
+    fn from(e: WireError) -> Self {
+        let code = match e {
+            WireError::UnknownKind(_) => ErrorCode::Unauthenticated,
+            _ => e.code(),
+        };
+        Refusal::Answer(code, e.to_string())
+    }
+}
+
+/// Sends the challenge and reads one frame of at most [`wire::MAX_HELLO_FRAME`] bytes: a hello
+/// whose proof is valid, or a refusal. Nothing here touches the shard.
+async fn handshake(
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    token: &str,
+) -> Result<([u8; NONCE_LEN], Frame), Refusal> {
+    let gone = |e: std::io::Error| Refusal::Gone(e.to_string());
+    let nonce: [u8; NONCE_LEN] = token::random_bytes().map_err(|e| {
+        tracing::error!(error = %e, "no random challenge for a new connection");
+        Refusal::Gone(format!("no random challenge: {e}"))
+    })?;
+    let mut buf = Vec::with_capacity(HEADER_LEN + NONCE_LEN);
+    wire::encode(&Frame::Challenge { nonce }, &mut buf);
+    wr.write_all(&buf).await.map_err(gone)?;
+    let mut header = [0u8; HEADER_LEN];
+    rd.read_exact(&mut header).await.map_err(gone)?;
+    let (kind, len) = wire::parse_header(&header, wire::MAX_HELLO_FRAME)?;
+    if kind != wire::HELLO_KIND {
+        let name = wire::kind_name(kind).unwrap_or("an unknown frame kind");
+        let message = format!(
+            "{name} (kind 0x{kind:02x}) before hello: every connection must first answer the challenge with \
+             a hello that proves the job token"
+        );
+        return Err(Refusal::Answer(ErrorCode::Unauthenticated, message));
+    }
+    let mut body = [0u8; wire::MAX_HELLO_FRAME];
+    rd.read_exact(&mut body[..len]).await.map_err(gone)?;
+    let hello = wire::decode_body(kind, &body[..len])?;
+    let Frame::Hello { proof, nonce: client, peer, total_len, total_steps } = &hello else {
+        return Err(Refusal::Answer(ErrorCode::Unauthenticated, "expected a hello".to_owned()));
+    };
+    let want = wire::hello_proof(token.as_bytes(), &nonce, client, *peer, *total_len, *total_steps);
+    if !token::same_bytes(proof, &want) {
+        return Err(Refusal::Answer(ErrorCode::Unauthenticated, state::WRONG_TOKEN.to_owned()));
+    }
+    Ok((nonce, hello))
+}
+
+/// Sends one error frame, ends the stream, and reads (a bounded amount of) what the peer still
+/// sends for a moment, so that the close does not reset the connection before the peer has read
+/// the error.
+async fn answer_once(mut rd: OwnedReadHalf, mut wr: OwnedWriteHalf, code: ErrorCode, message: String) {
+    const LINGER: Duration = Duration::from_millis(500);
+    let mut buf = Vec::new();
+    wire::encode(&Frame::Error { code, message }, &mut buf);
+    let _ = tokio::time::timeout(LINGER, async {
+        if wr.write_all(&buf).await.is_ok() {
+            let _ = wr.shutdown().await;
+        }
+        let mut sink = [0u8; 4096];
+        let mut drained = 0usize;
+        while drained < 256 * 1024 {
+            match rd.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }
 
 async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Outbound>, closed: Arc<Notify>) {
@@ -405,7 +579,6 @@ async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Outbound
 
 enum ReadFailure {
     Eof,
-    HelloTimeout,
     Io(std::io::Error),
     Wire(WireError),
 }
@@ -440,5 +613,68 @@ impl FrameReader {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use tandem_api::PsMode;
+    use tandem_api::job::OptimizerSpec;
+
+    fn config() -> ServerConfig {
+        ServerConfig::new(ShardConfig {
+            index: 0,
+            replicas: 1,
+            mode: PsMode::Sync,
+            token: "t".into(),
+            checkpoint_every: 0,
+            optimizer: OptimizerSpec::default(),
+            max_total_len: 16,
+        })
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        answer
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_shard_task_fails_the_health_probe_and_the_run() {
+        let status = StatusListener::bind("127.0.0.1:0").await.unwrap();
+        let status_addr = status.local_addr().unwrap();
+        let server = Server::bind("127.0.0.1:0", config()).await.unwrap().with_status(status);
+        let (events_tx, events_rx) = oneshot::channel();
+        let (health_tx, health_rx) = oneshot::channel();
+        let run = tokio::spawn(server.run_inner(std::future::pending(), move |events, health| {
+            let _ = events_tx.send(events.clone());
+            let _ = health_tx.send(health.clone());
+        }));
+        let health = health_rx.await.unwrap();
+        assert!(get(status_addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        events_rx.await.unwrap().send(Event::Panic).await.unwrap();
+        // The run ends on its own, with the cause, although no shutdown was asked for.
+        let ended = tokio::time::timeout(Duration::from_secs(60), run).await.unwrap().unwrap();
+        let Err(ServerError::ShardFailed(why)) = ended else { panic!("a shard failure expected: {ended:?}") };
+        assert!(why.contains("injected shard fault"), "{why}");
+        assert!(health.failure().is_some_and(|f| f.contains("injected shard fault")));
+    }
+
+    #[tokio::test]
+    async fn the_health_probe_reports_a_failure() {
+        let status = StatusListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = status.local_addr().unwrap();
+        let health = Health::default();
+        let (query, _queries) = mpsc::channel(1);
+        let serve = tokio::spawn(http::serve(status, "t".into(), query, health.clone()));
+        assert!(get(addr, "/healthz").await.ends_with("\r\n\r\nok\n"));
+        health.fail("the shard task failed: it panicked".into());
+        let answer = get(addr, "/healthz").await;
+        assert!(answer.starts_with("HTTP/1.1 503") && answer.contains("it panicked"), "{answer}");
+        serve.abort();
     }
 }

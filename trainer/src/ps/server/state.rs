@@ -40,7 +40,7 @@ use crate::util::token;
 
 use super::optim::ShardOptimizer;
 use crate::ps::shard;
-use crate::ps::wire::{ErrorCode, Frame, NONCE_LEN, Peer, Progress, WireError, hello_proof};
+use crate::ps::wire::{ErrorCode, Frame, NONCE_LEN, Peer, Progress, WireError, hello_proof, welcome_proof};
 use tandem_api::PsMode;
 
 /// Identifies one connection for the lifetime of a server.
@@ -62,7 +62,15 @@ pub struct ShardConfig {
     /// The update rule for sync and async modes; its learning-rate schedule spans the run's step
     /// count, which the first worker's hello gives.
     pub optimizer: OptimizerSpec,
+    /// The longest parameter vector a worker's hello may declare: the job plan's parameter count
+    /// where the spec tells it, else what the server's memory can hold. A longer one is refused
+    /// before the shard allocates anything.
+    pub max_total_len: u64,
 }
+
+/// The refusal of a hello whose proof does not match the job token.
+pub const WRONG_TOKEN: &str = "wrong job token: the hello's proof does not match this job's token; workers and \
+                               parameter servers must read the same token file (TANDEM_TOKEN_FILE)";
 
 /// Something the driver must do.
 #[derive(Debug, PartialEq)]
@@ -403,6 +411,12 @@ impl ShardState {
         self.version
     }
 
+    /// Counts `n` frames or connections the driver refused before they reached the shard (peers
+    /// that never proved the token), so the status's `refused` covers them.
+    pub fn add_refused(&mut self, n: u64) {
+        self.refused = self.refused.saturating_add(n);
+    }
+
     /// Who `session` said it is in its hello, if it has said hello.
     pub fn peer(&self, session: SessionId) -> Option<Peer> {
         self.sessions.get(&session).and_then(|s| s.peer)
@@ -497,10 +511,15 @@ impl ShardState {
             return out;
         };
         match (peer, frame) {
-            (None, Frame::Hello { proof, peer, total_len, total_steps }) => {
-                let want = hello_proof(self.config.token.as_bytes(), &nonce, peer, total_len, total_steps);
-                let proven = token::same_bytes(&proof, &want);
-                self.hello(&mut out, session, proven, peer, total_len, total_steps)
+            (None, Frame::Hello { proof, nonce: client, peer, total_len, total_steps }) => {
+                let token = self.config.token.as_bytes();
+                let want = hello_proof(token, &nonce, &client, peer, total_len, total_steps);
+                if token::same_bytes(&proof, &want) {
+                    self.hello(&mut out, session, [nonce, client], peer, total_len, total_steps);
+                } else {
+                    self.refuse(&mut out, session, ErrorCode::Unauthenticated, WRONG_TOKEN.into());
+                    out.push(Output::Close(session));
+                }
             }
             (None, other) => {
                 let msg = format!(
@@ -576,20 +595,24 @@ impl ShardState {
         out.push(Output::Send(session, Frame::Error { code, message }));
     }
 
+    /// A hello whose proof is valid; `nonces` are the challenge and the client's nonce.
     fn hello(
         &mut self,
         out: &mut Vec<Output>,
         session: SessionId,
-        proven: bool,
+        nonces: [[u8; NONCE_LEN]; 2],
         peer: Peer,
         total_len: u64,
         total_steps: u64,
     ) {
-        if !proven {
-            let msg = "wrong job token: the hello's proof does not match this job's token; workers and \
-                       parameter servers must read the same token file (TANDEM_TOKEN_FILE)"
-                .into();
-            self.refuse(out, session, ErrorCode::Unauthenticated, msg);
+        if matches!(peer, Peer::Worker { .. }) && total_len > self.config.max_total_len {
+            let msg = format!(
+                "the hello declares a {total_len}-value parameter vector, but this job allows at most {} (the \
+                 parameter count of its model, or what this parameter server's memory holds); workers and \
+                 parameter servers must read the same job config",
+                self.config.max_total_len
+            );
+            self.refuse(out, session, ErrorCode::Mismatch, msg);
             out.push(Output::Close(session));
             return;
         }
@@ -670,6 +693,9 @@ impl ShardState {
             Some(w) => (w.range.start, w.range.end, w.total_len),
             None => (0, 0, 0),
         };
+        let (shard, replicas) = (self.config.index, self.config.replicas);
+        let layout = [u64::from(shard), u64::from(replicas), start, end, total_len];
+        let proof = welcome_proof(self.config.token.as_bytes(), &nonces[0], &nonces[1], layout);
         out.push(Output::Send(
             session,
             Frame::Welcome {
@@ -680,6 +706,7 @@ impl ShardState {
                 total_len,
                 mode: self.config.mode,
                 version: self.version,
+                proof,
             },
         ));
     }

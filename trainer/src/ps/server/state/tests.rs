@@ -20,6 +20,7 @@ fn config(mode: PsMode, replicas: u32, index: u32) -> ShardConfig {
         checkpoint_every: 0,
         // Plain SGD with rate 1: an update subtracts the (mean) gradient, easy to predict.
         optimizer: OptimizerSpec { learning_rate: 1.0, ..OptimizerSpec::default() },
+        max_total_len: 1 << 20,
     }
 }
 
@@ -55,9 +56,10 @@ impl Net {
 
     /// The hello of a client of `token` on session `s`, proving it over the session's challenge.
     fn hello(&self, s: SessionId, token: &str, peer: Peer, total_len: u64, total_steps: u64) -> Frame {
-        let nonce = self.nonces.get(&s).copied().unwrap_or_default();
-        let proof = hello_proof(token.as_bytes(), &nonce, peer, total_len, total_steps);
-        Frame::Hello { proof, peer, total_len, total_steps }
+        let challenge = self.nonces.get(&s).copied().unwrap_or_default();
+        let nonce = [s as u8 ^ 0x3c; NONCE_LEN];
+        let proof = hello_proof(token.as_bytes(), &challenge, &nonce, peer, total_len, total_steps);
+        Frame::Hello { proof, nonce, peer, total_len, total_steps }
     }
 
     fn apply(&mut self, outs: Vec<Output>) {
@@ -175,6 +177,45 @@ fn frames_before_hello_and_wrong_tokens_are_refused_and_others_keep_working() {
     assert!(matches!(net.push(1, 0, vec![0.5, 0.5]), Frame::Ack { version: 1, clock: 1 }));
     assert_eq!(net.pull(1, 0, 2), Some(vec![0.5, 1.5]));
     assert_eq!(net.shard.status().refused, 5);
+}
+
+#[test]
+fn a_hello_longer_than_the_plan_allows_is_refused_before_the_shard_is_sized() {
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
+    net.connect(1);
+    let worker = Peer::Worker { group: 0, rank: 0, attempt: 0 };
+    // 2^62 values: once a capacity-overflow panic of the shard task, 2^34 an abort on allocation.
+    for (s, absurd) in [(1, 1u64 << 62), (2, 1 << 34)] {
+        net.connect(s);
+        let hello = net.hello(s, TOKEN, worker, absurd, STEPS);
+        let reply = net.call(s, hello);
+        assert!(
+            matches!(&reply, Frame::Error { code: ErrorCode::Mismatch, message } if message.contains(&format!("{absurd}-value")) && message.contains("at most 1048576")),
+            "{reply:?}"
+        );
+        assert!(net.closed.contains(&s));
+    }
+    assert_eq!(net.shard.status().total_len, 0, "nothing was sized");
+    // The plan's own length is served.
+    net.worker(3, 0, 0, 0, 1 << 20);
+    assert_eq!(net.shard.status().total_len, 1 << 20);
+}
+
+#[test]
+fn the_welcome_proves_the_token_over_both_nonces_and_the_layout() {
+    let mut net = Net::new(config(PsMode::Sync, 2, 1));
+    net.worker(1, 0, 0, 0, 5);
+    net.connect(2);
+    let hello = net.hello(2, TOKEN, Peer::Observer, 0, 0);
+    let Frame::Hello { nonce: client, .. } = hello.clone() else { unreachable!() };
+    let Frame::Welcome { proof, shard, replicas, start, end, total_len, .. } = net.call(2, hello) else {
+        panic!("welcome expected")
+    };
+    let challenge = net.nonces[&2];
+    let layout = [u64::from(shard), u64::from(replicas), start, end, total_len];
+    assert_eq!(layout, [1, 2, 3, 5, 5]);
+    assert_eq!(proof, welcome_proof(TOKEN.as_bytes(), &challenge, &client, layout));
+    assert_ne!(proof, welcome_proof(b"another-token", &challenge, &client, layout));
 }
 
 #[test]
