@@ -227,7 +227,8 @@ fn a_ps_refuses_the_checkpoint_of_another_job_or_configuration() {
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
     client.push(0, &[0.25; 4]).unwrap();
-    assert!(ps.terminate().success(), "SIGTERM writes a last checkpoint:\n{}", ps.log_text());
+    let status = ps.terminate();
+    assert!(status.success(), "SIGTERM writes a last checkpoint, not {status:?}:\n{}", ps.log_text());
     drop(client);
     let dir = job.output().join("ps-0");
     let files = || std::fs::read_dir(&dir).unwrap().count();

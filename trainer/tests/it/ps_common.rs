@@ -80,6 +80,8 @@ impl Job {
             .args(["ps", "--port", &port.to_string(), "--hello-timeout", "5"])
             .envs(env.to_vars())
             .env("RUST_LOG", "info")
+            // A free port each: tests run in parallel, and none may take another's endpoint.
+            .env(tandem_api::contract::env::STATUS_PORT, "0")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -210,7 +210,8 @@ fn a_gracefully_stopped_ps_loses_no_update() {
         client.push(0, &[0.25; 4]).unwrap();
         client.pull(0, &mut w).unwrap();
     }
-    assert!(ps.terminate().success(), "SIGTERM is a clean stop:\n{}", ps.log_text());
+    let status = ps.terminate();
+    assert!(status.success(), "SIGTERM is a clean stop, not {status:?}:\n{}", ps.log_text());
     let ps = job.spawn_ps(0, ps.port());
     assert!(matches!(client.pull(0, &mut w), Err(ClientError::Lost { .. })));
     client.reconnect().unwrap();
@@ -232,7 +233,8 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
     let reported =
         wire::Progress { step: 42, loss: Some(0.5), accuracy: Some(0.75), samples: 1344, epoch: 1 };
     client.report(reported).unwrap();
-    assert!(ps.terminate().success(), "SIGTERM is a clean stop:\n{}", ps.log_text());
+    let status = ps.terminate();
+    assert!(status.success(), "SIGTERM is a clean stop, not {status:?}:\n{}", ps.log_text());
 
     // The PS and group 0 restart together: the group's new attempt reads its step from the PS.
     let ps = job.spawn_ps(0, ps.port());

@@ -269,7 +269,8 @@ fn the_parameter_servers_hold_the_groups_mean_state_and_keep_it_across_a_restart
     // Both replicas stop (SIGTERM writes a checkpoint) and start again from their checkpoints:
     // a restarted group takes the mean state from the restarted shard 0.
     for p in &mut ps {
-        assert!(p.terminate().success(), "SIGTERM is a clean stop:\n{}", p.log_text());
+        let status = p.terminate();
+        assert!(status.success(), "SIGTERM is a clean stop, not {status:?}:\n{}", p.log_text());
     }
     let ps = [psj.spawn_ps(0, ps[0].port()), psj.spawn_ps(1, ps[1].port())];
     let (resumed, _) = ps_group(&servers, 0, 1, 1);
