@@ -114,13 +114,7 @@ fn max_total_len(spec: &tandem_api::TrainingJobSpec, replicas: u32) -> u64 {
     if let Some(shape) = builtin_data(spec) {
         return MemoryEstimate::of(spec, shape).parameters;
     }
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?.to_owned();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(u64::MAX, |kib| kib.saturating_mul(1024));
+    let available = tandem::util::proc::available_memory().unwrap_or(u64::MAX);
     // Weights, one group's gradient, the sync mean and two optimizer moments, as f32.
     (available / (5 * 4)).saturating_mul(u64::from(replicas.max(1)))
 }

@@ -132,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// model alone until they are read.
 fn check_memory(spec: &tandem_api::TrainingJobSpec) -> anyhow::Result<()> {
     use tandem_api::plan::memory::{DataShape, MemoryEstimate, builtin_data};
-    let Some(available) = available_memory() else { return Ok(()) };
+    let Some(available) = tandem::util::proc::available_memory() else { return Ok(()) };
     let shape = builtin_data(spec).unwrap_or(DataShape {
         channels: 1,
         height: 28,
@@ -144,14 +144,6 @@ fn check_memory(spec: &tandem_api::TrainingJobSpec) -> anyhow::Result<()> {
     let need =
         if tandem::runner::needs_runner(spec) { estimate.local_total() } else { estimate.worker_bytes };
     Ok(estimate.check(need, available)?)
-}
-
-/// `MemAvailable` of `/proc/meminfo`, in bytes; `None` where it cannot be read.
-fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
 }
 
 fn model_label(spec: &tandem_api::TrainingJobSpec) -> String {

@@ -1,5 +1,6 @@
-//! Child processes: how one ended, tying a child's life to its parent's, and free loopback ports.
-//! Shared by the local runner, `tandem launcher` and `tandem bench`.
+//! Child processes: how one ended, tying a child's life to its parent's, and free loopback ports;
+//! and this machine's available memory. Shared by the local runner, `tandem launcher`, `tandem
+//! bench`, `tandem train` and `tandem ps`.
 
 use std::fmt;
 use std::process::{Command, ExitStatus};
@@ -85,6 +86,14 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
     let listeners =
         (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
     listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes; `None` where it cannot be read.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 #[cfg(test)]
