@@ -67,6 +67,13 @@ pub const TOKEN_KEY: &str = "token";
 /// Without it, the survivors of a killed rank would exit 1 — a permanent failure — and whether the
 /// job restarted or failed would depend on which exit the controller saw first.
 pub const EXIT_PEER_LOST: i32 = 200;
+/// Exit code of a worker or parameter server that stopped on SIGTERM (eviction, preemption, node
+/// drain, spot interruption) after saving its state: a worker group at a step boundary, with rank
+/// 0's checkpoint of that step (`allreduce`; a PS job's state is on the servers), a PS with its
+/// last checkpoint shard. It is 128 + SIGTERM, the code the kubelet reports for a process that
+/// SIGTERM ended, so restart policies retry it, and the restarted unit resumes at the step it
+/// stopped at.
+pub const EXIT_PREEMPTED: i32 = 128 + 15;
 
 /// The port of the PS status endpoint that [`env::STATUS_PORT`] asks for, read through `lookup`:
 /// `Ok(None)` when it says `off`, [`STATUS_PORT`] when it is unset.
