@@ -74,6 +74,11 @@ pub const EXIT_PEER_LOST: i32 = 200;
 /// SIGTERM ended, so restart policies retry it, and the restarted unit resumes at the step it
 /// stopped at.
 pub const EXIT_PREEMPTED: i32 = 128 + 15;
+/// Seconds the operator's pods get between SIGTERM and SIGKILL (`terminationGracePeriodSeconds`,
+/// unless the role's pod template sets it): time for a worker group to finish its step and write
+/// a checkpoint, and for a PS to write its last one (Kubernetes' own default, 30 s, is short for
+/// a large model on a slow volume). A pod that stops sooner is not held back by it.
+pub const TERMINATION_GRACE_SECONDS: i64 = 120;
 
 /// The port of the PS status endpoint that [`env::STATUS_PORT`] asks for, read through `lookup`:
 /// `Ok(None)` when it says `off`, [`STATUS_PORT`] when it is unset.
