@@ -46,6 +46,35 @@ pub mod env {
     /// [`super::STATUS_PORT`], `0` any free port, `off` no endpoint. Read with
     /// [`super::status_port`].
     pub const STATUS_PORT: &str = "TANDEM_STATUS_PORT";
+    /// Seconds a unit waits for every peer of its group to be reachable (DNS and TCP) before it
+    /// fails naming the unreachable ones (optional, default [`super::PEER_TIMEOUT_SECONDS`]):
+    /// the launcher's gate before `mpirun`, and a `tcp` group's rendezvous. Read with
+    /// [`super::peer_timeout`].
+    pub const PEER_TIMEOUT: &str = "TANDEM_PEER_TIMEOUT";
+    /// Where a failed process writes its last error for the kubelet, which shows it as the
+    /// container's termination message (optional, default [`super::TERMINATION_LOG`], written only
+    /// when that file exists, as the kubelet makes it).
+    pub const TERMINATION_LOG: &str = "TANDEM_TERMINATION_LOG";
+}
+
+/// Default of [`env::PEER_TIMEOUT`]: every peer of a group reachable within this many seconds.
+pub const PEER_TIMEOUT_SECONDS: u64 = 120;
+/// The kubelet's default `terminationMessagePath`.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The peer deadline that [`env::PEER_TIMEOUT`] asks for, read through `lookup`.
+pub fn peer_timeout(lookup: impl Fn(&str) -> Option<String>) -> Result<std::time::Duration, ContractError> {
+    match lookup(env::PEER_TIMEOUT) {
+        None => Ok(std::time::Duration::from_secs(PEER_TIMEOUT_SECONDS)),
+        Some(value) => match value.trim().parse::<u64>() {
+            Ok(secs) if secs > 0 => Ok(std::time::Duration::from_secs(secs)),
+            _ => Err(ContractError::Invalid {
+                key: env::PEER_TIMEOUT,
+                value,
+                expected: "a whole number of seconds above 0",
+            }),
+        },
+    }
 }
 
 /// Port a parameter server listens on in a pod.

@@ -37,11 +37,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     {
         if let worker::WorkerError::Train(preempted @ TrainError::Preempted { .. }) = worker_error {
             eprintln!("{e:#}");
+            super::termination_message(&format!("{e:#}"));
             tracing::warn!(%preempted, "worker stopped on SIGTERM; a restart resumes here");
             std::process::exit(tandem_api::contract::EXIT_PREEMPTED);
         }
         if worker_error.is_peer_lost() {
             eprintln!("Error: {e:?}");
+            super::termination_message(&format!("{e:#}"));
             std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
         }
     }
@@ -62,7 +64,8 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
         Place { group, rank, attempt: env.attempt, bind: env.bind.clone(), output: env.output.clone(), stop };
     match job.spec.workers.backend {
         Backend::Tcp => {
-            let comm = worker::connect_tcp(&job, &place, &token)
+            let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;
+            let comm = worker::connect_tcp(&job, &place, &token, timeout)
                 .with_context(|| format!("worker {group}/{rank}"))?;
             train(&job, &place, &token, &args, &device, comm)
         }

@@ -134,15 +134,22 @@ pub fn collective(e: CommError) -> TrainError {
     if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
 }
 
-/// Forms group `place.group`'s `tcp` communicator from the job config's peer list.
-pub fn connect_tcp(job: &JobConfig, place: &Place, token: &str) -> Result<TcpComm, WorkerError> {
+/// Forms group `place.group`'s `tcp` communicator from the job config's peer list: every peer
+/// must resolve, connect and authenticate within `connect_timeout`, or the error names the ones
+/// that did not (the group's "peers reachable" gate).
+pub fn connect_tcp(
+    job: &JobConfig,
+    place: &Place,
+    token: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<TcpComm, WorkerError> {
     tcp::connect_from_contract(
         job,
         place.group,
         place.rank as usize,
         &place.bind,
         token.as_bytes(),
-        TcpConfig::default(),
+        TcpConfig { connect_timeout, ..TcpConfig::default() },
     )
     .map_err(|source| WorkerError::Comm { group: place.group, source })
 }

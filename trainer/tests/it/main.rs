@@ -24,6 +24,7 @@ mod flat;
 mod launcher;
 mod models;
 mod optim;
+mod peers;
 mod preemption;
 mod ps_faults;
 mod ps_hostile;
