@@ -58,10 +58,14 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
     let device = args.device.select()?;
-    // From here SIGTERM stops the group at a step boundary, its state saved, instead of killing it.
-    let stop = Some(tandem::util::signal::stop_flag());
-    let mut place =
-        Place { group, rank, attempt: env.attempt, bind: env.bind.clone(), output: env.output.clone(), stop };
+    let mut place = Place {
+        group,
+        rank,
+        attempt: env.attempt,
+        bind: env.bind.clone(),
+        output: env.output.clone(),
+        stop_on_sigterm: true,
+    };
     match job.spec.workers.backend {
         Backend::Tcp => {
             let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;

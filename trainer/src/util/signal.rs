@@ -1,5 +1,5 @@
 //! The preemption flag: SIGTERM (the kubelet's notice of an eviction, a preemption, a node drain
-//! or a spot interruption) and SIGINT set it, and the training loop stops at the next step
+//! or a spot interruption) and SIGINT set it once installed, and the training loop stops at the next step
 //! boundary after saving its state (see [`crate::compute::train::Cadence::stop`]).
 
 use std::sync::Once;

@@ -26,8 +26,9 @@
 //!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest intact one (a damaged newest falls back to the one before), so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
-//! - Preemption: with [`Place::stop`] set by SIGTERM on any rank, the group stops at the next
-//!   step boundary (every rank learns it from a one-value sum after each step); an `allreduce`
+//! - Preemption: with [`Place::stop_on_sigterm`], after SIGTERM to any rank during training the
+//!   group stops at the next step boundary (every rank learns it from a one-value sum after each
+//!   step); an `allreduce`
 //!   group's rank 0 first checkpoints that step, a PS job's state is already on the servers. The
 //!   restarted group resumes at exactly that step.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
@@ -110,10 +111,12 @@ pub struct Place {
     pub bind: String,
     /// The job's output folder (`allreduce` checkpoints go to its `checkpoints/`).
     pub output: PathBuf,
-    /// When set (by SIGTERM, [`crate::util::signal::stop_flag`]) on any rank, the group stops at
-    /// the next step boundary, `allreduce`'s rank 0 checkpoints that step, and [`run`] fails with
+    /// Whether SIGTERM stops the group at a step boundary ([`crate::util::signal::stop_flag`],
+    /// installed as the training loop starts; before it SIGTERM ends the process as usual, with no
+    /// step of this attempt done): on any rank, the group stops at the next step boundary,
+    /// `allreduce`'s rank 0 checkpoints that step, and [`run`] fails with
     /// [`TrainError::Preempted`].
-    pub stop: Option<&'static std::sync::atomic::AtomicBool>,
+    pub stop_on_sigterm: bool,
 }
 
 /// What a finished worker reports.
@@ -229,7 +232,8 @@ pub fn run<C: Communicator>(
     // an `allreduce` group checkpoints (rank 0, into its output folder): the servers keep a PS
     // job's state.
     let dir = matches!(update, Update::Allreduce(_)).then_some(checkpoints);
-    let cadence = Cadence { report_every: PROGRESS_EVERY, stop: place.stop, ..Cadence::of(spec, dir) };
+    let stop = place.stop_on_sigterm.then(crate::util::signal::stop_flag);
+    let cadence = Cadence { report_every: PROGRESS_EVERY, stop, ..Cadence::of(spec, dir) };
     let summary = trainer.run(update.step(), &cadence, &mut on_progress)?;
     Ok(Summary { steps, start_step: start, accuracy: summary.evaluation.accuracy })
 }
