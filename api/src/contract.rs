@@ -46,6 +46,35 @@ pub mod env {
     /// [`super::STATUS_PORT`], `0` any free port, `off` no endpoint. Read with
     /// [`super::status_port`].
     pub const STATUS_PORT: &str = "TANDEM_STATUS_PORT";
+    /// Seconds a unit waits for every peer of its group to be reachable (DNS and TCP) before it
+    /// fails naming the unreachable ones (optional, default [`super::PEER_TIMEOUT_SECONDS`]):
+    /// the launcher's gate before `mpirun`, and a `tcp` group's rendezvous. Read with
+    /// [`super::peer_timeout`].
+    pub const PEER_TIMEOUT: &str = "TANDEM_PEER_TIMEOUT";
+    /// Where a failed process writes its last error for the kubelet, which shows it as the
+    /// container's termination message (optional, default [`super::TERMINATION_LOG`], written only
+    /// when that file exists, as the kubelet makes it).
+    pub const TERMINATION_LOG: &str = "TANDEM_TERMINATION_LOG";
+}
+
+/// Default of [`env::PEER_TIMEOUT`]: every peer of a group reachable within this many seconds.
+pub const PEER_TIMEOUT_SECONDS: u64 = 120;
+/// The kubelet's default `terminationMessagePath`.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The peer deadline that [`env::PEER_TIMEOUT`] asks for, read through `lookup`.
+pub fn peer_timeout(lookup: impl Fn(&str) -> Option<String>) -> Result<std::time::Duration, ContractError> {
+    match lookup(env::PEER_TIMEOUT) {
+        None => Ok(std::time::Duration::from_secs(PEER_TIMEOUT_SECONDS)),
+        Some(value) => match value.trim().parse::<u64>() {
+            Ok(secs) if secs > 0 => Ok(std::time::Duration::from_secs(secs)),
+            _ => Err(ContractError::Invalid {
+                key: env::PEER_TIMEOUT,
+                value,
+                expected: "a whole number of seconds above 0",
+            }),
+        },
+    }
 }
 
 /// Port a parameter server listens on in a pod.
@@ -67,6 +96,18 @@ pub const TOKEN_KEY: &str = "token";
 /// Without it, the survivors of a killed rank would exit 1 — a permanent failure — and whether the
 /// job restarted or failed would depend on which exit the controller saw first.
 pub const EXIT_PEER_LOST: i32 = 200;
+/// Exit code of a worker or parameter server that stopped on SIGTERM (eviction, preemption, node
+/// drain, spot interruption) after saving its state: a worker group at a step boundary, with rank
+/// 0's checkpoint of that step (`allreduce`; a PS job's state is on the servers), a PS with its
+/// last checkpoint shard. It is 128 + SIGTERM, the code the kubelet reports for a process that
+/// SIGTERM ended, so restart policies retry it, and the restarted unit resumes at the step it
+/// stopped at.
+pub const EXIT_PREEMPTED: i32 = 128 + 15;
+/// Seconds the operator's pods get between SIGTERM and SIGKILL (`terminationGracePeriodSeconds`,
+/// unless the role's pod template sets it): time for a worker group to finish its step and write
+/// a checkpoint, and for a PS to write its last one (Kubernetes' own default, 30 s, is short for
+/// a large model on a slow volume). A pod that stops sooner is not held back by it.
+pub const TERMINATION_GRACE_SECONDS: i64 = 120;
 
 /// The port of the PS status endpoint that [`env::STATUS_PORT`] asks for, read through `lookup`:
 /// `Ok(None)` when it says `off`, [`STATUS_PORT`] when it is unset.

@@ -35,12 +35,16 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Train(args) => cli::train::run(args),
         Command::Bench(bench) => cli::bench::run(bench),
         Command::Ps(args) => cli::ps::run(args),
         Command::Worker(args) => cli::worker::run(args),
         Command::Launcher(args) => cli::launcher::run(args),
         Command::CommRank(args) => cli::bench::run_rank(args),
+    };
+    if let Err(e) = &result {
+        cli::termination_message(&format!("{e:#}"));
     }
+    result
 }

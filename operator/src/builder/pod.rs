@@ -198,9 +198,12 @@ fn role_parts(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Parts {
 }
 
 /// Settings of every pod: its restart policy ([`restart_policy`]), named for the headless
-/// Service, no API token unless asked for, the job's priority class.
+/// Service, no API token unless asked for, the job's priority class, and unless the template sets
+/// one, a grace period ([`contract::TERMINATION_GRACE_SECONDS`]) long enough for the preemption
+/// checkpoint that SIGTERM starts.
 fn pod_settings(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) {
     pod_spec.restart_policy = Some(restart_policy(role).to_owned());
+    pod_spec.termination_grace_period_seconds.get_or_insert(contract::TERMINATION_GRACE_SECONDS);
     pod_spec.hostname = Some(names::pod(job.name, role));
     pod_spec.subdomain = Some(names::service(job.name));
     pod_spec.enable_service_links = Some(false);

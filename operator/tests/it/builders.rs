@@ -188,6 +188,26 @@ fn mpi_groups_get_sshd_workers_a_hostfile_and_a_launcher_with_the_key() {
 }
 
 #[test]
+fn pods_get_a_grace_period_for_the_preemption_checkpoint_unless_the_template_sets_one() {
+    let job = fixture("hybrid.yaml");
+    let roles = [Role::Ps { index: 0 }, Role::Worker { group: 0, rank: 1 }, Role::Launcher { group: 1 }];
+    for role in roles {
+        let pod = builder::pod(&valid(&job), role, 0);
+        assert_eq!(
+            pod.spec.unwrap().termination_grace_period_seconds,
+            Some(contract::TERMINATION_GRACE_SECONDS),
+            "{role}"
+        );
+    }
+    let mut custom = job.clone();
+    custom.spec.workers.template = Some(
+        serde_json::from_value(serde_json::json!({"spec": {"terminationGracePeriodSeconds": 600}})).unwrap(),
+    );
+    let pod = builder::pod(&valid(&custom), Role::Worker { group: 0, rank: 0 }, 0);
+    assert_eq!(pod.spec.unwrap().termination_grace_period_seconds, Some(600), "the template's wins");
+}
+
+#[test]
 fn infiniband_preset_requests_the_configured_device_and_pins_memory() {
     let job = fixture("mpi.yaml");
     let worker = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 0 }, 0);

@@ -9,6 +9,14 @@
 //! with `TANDEM_ROLE=worker`: each rank takes its rank from MPI, and every `TANDEM_*` variable is
 //! forwarded with `-x` because ranks started over ssh do not inherit the launcher's environment.
 //!
+//! Before mpirun, the "peers reachable" gate ([`tandem::comm::reach`]): with a hostfile, every
+//! host in it must resolve and accept a connection on the workers' sshd port (`-p` of
+//! `OMPI_MCA_plm_rsh_args`, else 22; `localhost` and this host, which mpirun starts without
+//! ssh, are left out) within `TANDEM_PEER_TIMEOUT` seconds (default 120), or the
+//! launcher exits with [`contract::EXIT_PEER_LOST`] (retryable) and an error, also written as the
+//! pod's termination message, naming each unreachable worker — mpirun never starts against a
+//! dead or missing worker.
+//!
 //! Guarantees: SIGTERM and SIGINT are passed on to mpirun, which passes them on to the ranks; the
 //! launcher exits with mpirun's exit code, or 128 + the signal that killed it, so that the
 //! operator's restart policy sees what the group did. `--allow-run-as-root` is added only when
@@ -19,8 +27,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, bail};
+use tandem::comm::reach::{self, Target};
 use tandem::util::proc::{Exit, die_with_parent};
-use tandem_api::contract::{Role, env};
+use tandem_api::contract::{self, Role, env};
 
 /// OpenMPI's hostfile variables (ORTE for OpenMPI 4, PRRTE for 5); the operator sets both.
 const HOSTFILE_VARS: [&str; 2] = ["OMPI_MCA_orte_default_hostfile", "OMPI_MCA_prte_default_hostfile"];
@@ -39,6 +48,51 @@ pub struct Args {
     /// Arguments passed on to every `tandem worker` rank, after `--` (e.g. `-- --device cpu`).
     #[arg(last = true)]
     pub worker_args: Vec<String>,
+}
+
+/// The workers' sshd endpoints from the hostfile (rank order, as the operator writes it), none
+/// without a hostfile (every rank runs on this machine).
+fn ssh_targets(group: u32) -> anyhow::Result<Vec<Target>> {
+    let Some(path) = HOSTFILE_VARS.iter().find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()))
+    else {
+        return Ok(Vec::new());
+    };
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("cannot read the MPI hostfile {path}"))?;
+    let rsh = std::env::var("OMPI_MCA_plm_rsh_args").unwrap_or_default();
+    let mut words = rsh.split_whitespace();
+    let mut port = 22;
+    while let Some(word) = words.next() {
+        if word == "-p" {
+            let value = words.next().unwrap_or_default();
+            port = value.parse().with_context(|| {
+                format!("OMPI_MCA_plm_rsh_args has `-p {value}`, which is not a port number")
+            })?;
+        }
+    }
+    let hosts = text
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default().trim())
+        .filter_map(|line| line.split_whitespace().next());
+    // mpirun starts the slots of this host itself, without ssh.
+    let here = this_host();
+    Ok(hosts
+        .enumerate()
+        .filter(|(_, host)| *host != "localhost" && here.as_deref() != Some(*host))
+        .map(|(rank, host)| Target { name: format!("worker {group}/{rank}"), host: host.to_owned(), port })
+        .collect())
+}
+
+/// This machine's host name.
+fn this_host() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into the buffer we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec()).ok()
 }
 
 /// Pid of the running mpirun, for the signal handler (0 while none runs).
@@ -85,6 +139,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                  ConfigMap there — check that the ConfigMap exists and is mounted, or unset {var} to run \
                  every rank on this machine"
             );
+        }
+    }
+    let targets = ssh_targets(group)?;
+    if !targets.is_empty() {
+        let timeout = contract::peer_timeout(|k| std::env::var(k).ok())?;
+        tracing::info!(
+            group,
+            workers = targets.len(),
+            timeout_s = timeout.as_secs(),
+            "waiting for every worker's sshd"
+        );
+        if let Err(e) = reach::await_reachable(&targets, timeout) {
+            let message = format!("group {group} cannot start mpirun: {e}");
+            eprintln!("Error: {message}");
+            super::termination_message(&message);
+            std::process::exit(contract::EXIT_PEER_LOST);
         }
     }
     let exe = std::env::current_exe().context("cannot find the path of this tandem executable")?;

@@ -35,6 +35,27 @@ impl DeviceArg {
     }
 }
 
+/// Writes `message` as this container's termination message, which the kubelet shows in the pod's
+/// status (`kubectl describe pod`, `state.terminated.message`) and the operator's events can quote:
+/// to `TANDEM_TERMINATION_LOG` when set, else to the kubelet's `/dev/termination-log` when it
+/// exists (outside Kubernetes it does not, and nothing is written). Kept under the kubelet's
+/// 4 KiB limit; a failure to write is only logged.
+pub fn termination_message(message: &str) {
+    use tandem_api::contract::{TERMINATION_LOG, env};
+    let path = match std::env::var_os(env::TERMINATION_LOG) {
+        Some(path) => std::path::PathBuf::from(path),
+        None if std::path::Path::new(TERMINATION_LOG).exists() => TERMINATION_LOG.into(),
+        None => return,
+    };
+    let mut end = message.len().min(4000);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    if let Err(e) = std::fs::write(&path, &message[..end]) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the termination message");
+    }
+}
+
 /// Logs to stderr at `info` (or `RUST_LOG`), coloured only on a terminal.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -4,7 +4,9 @@
 //! its shard on `TANDEM_BIND` and the job config's port for it, keeps checkpoints under
 //! `$TANDEM_OUTPUT/ps-<index>/` stamped with the job's identity, resumes from the newest intact
 //! one of this job (refusing to start on another job's), and stops on SIGTERM or Ctrl-C after
-//! writing a last checkpoint. Prints `listening on <addr>` on stdout once bound.
+//! writing a last checkpoint, exiting with [`contract::EXIT_PREEMPTED`] (retryable: a PS that was
+//! evicted or preempted is restarted and resumes from that checkpoint). Prints `listening on
+//! <addr>` on stdout once bound.
 //!
 //! It also serves the HTTP status endpoint ([`tandem::ps::server::http`]) on `TANDEM_BIND` and
 //! `TANDEM_STATUS_PORT` (default [`tandem_api::contract::STATUS_PORT`]; `0` any free port, `off`
@@ -101,9 +103,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = writeln!(stdout, "{status_line}");
         let _ = stdout.flush();
         server.run(shutdown_signal()).await?;
-        tracing::info!(shard = index, "parameter server stopped");
+        tracing::info!(shard = index, "parameter server stopped on SIGTERM after its last checkpoint");
         anyhow::Ok(())
-    })
+    })?;
+    // The server returns only when the signal stopped it; the code tells restart policies that
+    // the stop was not this shard's fault.
+    eprintln!("parameter server {index} stopped on SIGTERM after writing its last checkpoint");
+    std::process::exit(contract::EXIT_PREEMPTED)
 }
 
 /// The longest parameter vector a worker may declare: the model's parameter count when the spec

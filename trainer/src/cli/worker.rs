@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use super::DeviceArg;
 use anyhow::{Context, bail};
 use tandem::comm::Communicator;
+use tandem::compute::train::TrainError;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
 use tandem_api::contract::{Role, WorkerLine};
@@ -27,14 +28,24 @@ pub struct Args {
 }
 
 /// Runs `tandem worker`. A worker that failed because another process of the job was lost
-/// exits with [`tandem_api::contract::EXIT_PEER_LOST`] (retryable) instead of 1.
+/// exits with [`tandem_api::contract::EXIT_PEER_LOST`] (retryable) instead of 1; one that SIGTERM
+/// stopped at a step boundary, its state saved, with [`tandem_api::contract::EXIT_PREEMPTED`].
 pub fn run(args: Args) -> anyhow::Result<()> {
     let result = run_worker(args);
     if let Err(e) = &result
-        && e.downcast_ref::<worker::WorkerError>().is_some_and(worker::WorkerError::is_peer_lost)
+        && let Some(worker_error) = e.downcast_ref::<worker::WorkerError>()
     {
-        eprintln!("Error: {e:?}");
-        std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
+        if let worker::WorkerError::Train(preempted @ TrainError::Preempted { .. }) = worker_error {
+            eprintln!("{e:#}");
+            super::termination_message(&format!("{e:#}"));
+            tracing::warn!(%preempted, "worker stopped on SIGTERM; a restart resumes here");
+            std::process::exit(tandem_api::contract::EXIT_PREEMPTED);
+        }
+        if worker_error.is_peer_lost() {
+            eprintln!("Error: {e:?}");
+            super::termination_message(&format!("{e:#}"));
+            std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
+        }
     }
     result
 }
@@ -47,11 +58,18 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
     let device = args.device.select()?;
-    let mut place =
-        Place { group, rank, attempt: env.attempt, bind: env.bind.clone(), output: env.output.clone() };
+    let mut place = Place {
+        group,
+        rank,
+        attempt: env.attempt,
+        bind: env.bind.clone(),
+        output: env.output.clone(),
+        stop_on_sigterm: true,
+    };
     match job.spec.workers.backend {
         Backend::Tcp => {
-            let comm = worker::connect_tcp(&job, &place, &token)
+            let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;
+            let comm = worker::connect_tcp(&job, &place, &token, timeout)
                 .with_context(|| format!("worker {group}/{rank}"))?;
             train(&job, &place, &token, &args, &device, comm)
         }

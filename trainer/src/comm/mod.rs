@@ -58,6 +58,7 @@ pub mod kernel;
 pub mod liveness;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod reach;
 pub mod selftest;
 pub mod shm;
 pub mod tcp;

@@ -19,6 +19,7 @@
 //! tensors are equal after every step.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tandem_api::TrainingJobSpec;
@@ -66,6 +67,21 @@ pub enum TrainError {
     /// Another process of the job was lost (a peer rank, a parameter server); retryable.
     #[error("{0}")]
     PeerLost(String),
+    /// The run stopped at a step boundary because [`Cadence::stop`] was set on some rank (SIGTERM:
+    /// an eviction, a preemption, a node drain), after the leader checkpointed that step when the
+    /// cadence has a checkpoint folder. Retryable: a restart resumes at `step`.
+    #[error("stopped at step {step} of {total} on SIGTERM (preempted or evicted){}", match checkpoint {
+        Some(path) => format!(", after checkpointing it to {}", path.display()),
+        None => String::new(),
+    })]
+    Preempted {
+        /// The last completed step.
+        step: u64,
+        /// The run's step count.
+        total: u64,
+        /// The checkpoint of `step` this rank wrote, if it wrote one.
+        checkpoint: Option<PathBuf>,
+    },
 }
 
 /// How a computed gradient becomes new parameters: apply it locally, or combine it with other ranks
@@ -189,7 +205,10 @@ pub struct Evaluation {
 /// - evaluate on the test set at every `eval_every` multiple and at the last step (on the leader);
 /// - checkpoint into `checkpoint_dir` at every `checkpoint_every` multiple and at the last step
 ///   (`checkpoint_every: 0` disables the periodic ones, not the last), keeping the newest
-///   `keep_checkpoints`.
+///   `keep_checkpoints`;
+/// - with a `stop` flag, after every step the group learns whether any rank's flag is set (a
+///   one-value sum over the group, [`GradientStep::sum_over_group`]) and, if so, checkpoints that
+///   step (when `checkpoint_dir` is set) and ends with [`TrainError::Preempted`].
 #[derive(Clone, Debug, Default)]
 pub struct Cadence {
     /// Steps between reports; 0 chooses one from the run length (about 100 reports, 1 to 50 steps).
@@ -202,6 +221,9 @@ pub struct Cadence {
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoints kept in the folder (older ones are deleted); 0 keeps all.
     pub keep_checkpoints: usize,
+    /// Set asynchronously (by SIGTERM, [`crate::util::signal::stop_flag`]) to stop the run at the
+    /// next step boundary with its state saved; `None` never stops early.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// Checkpoints kept by default (`tandem train` and an `allreduce` group's rank 0 alike).
@@ -216,6 +238,7 @@ impl Cadence {
             checkpoint_every: spec.training.checkpoint.every_steps,
             checkpoint_dir,
             keep_checkpoints: KEEP_CHECKPOINTS,
+            stop: None,
         }
     }
 
@@ -550,6 +573,18 @@ impl Trainer {
             if let Some(dir) = cadence.checkpoints_at(k, total) {
                 self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
             }
+            if k < total && self.stop_agreed(update, cadence)? {
+                let checkpoint = match &cadence.checkpoint_dir {
+                    Some(dir) => {
+                        if cadence.checkpoints_at(k, total).is_none() {
+                            self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
+                        }
+                        update.leader().then(|| checkpoint::step_path(dir, k))
+                    }
+                    None => None,
+                };
+                return Err(TrainError::Preempted { step: k, total, checkpoint });
+            }
             let evaluate = cadence.evaluates_at(k, total);
             if !evaluate && !k.is_multiple_of(report_every) {
                 continue;
@@ -586,6 +621,15 @@ impl Trainer {
             samples_per_second: if train_time > 0.0 { here / train_time } else { 0.0 },
             wall_seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Whether some rank of the group has its [`Cadence::stop`] flag set (a collective at every
+    /// step when there is a flag, so every rank stops at the same step).
+    fn stop_agreed(&self, update: &mut dyn GradientStep, cadence: &Cadence) -> Result<bool, TrainError> {
+        let Some(stop) = cadence.stop else { return Ok(false) };
+        let mut flag = [if stop.load(Ordering::SeqCst) { 1.0f32 } else { 0.0 }];
+        update.sum_over_group(&mut flag)?;
+        Ok(flag[0] > 0.0)
     }
 
     /// Writes the checkpoint of the current step into `dir` and keeps the newest `keep`

@@ -26,6 +26,11 @@
 //!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest intact one (a damaged newest falls back to the one before), so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
+//! - Preemption: with [`Place::stop_on_sigterm`], after SIGTERM to any rank during training the
+//!   group stops at the next step boundary (every rank learns it from a one-value sum after each
+//!   step); an `allreduce`
+//!   group's rank 0 first checkpoints that step, a PS job's state is already on the servers. The
+//!   restarted group resumes at exactly that step.
 //! - Errors name the failed part (collective peer, PS index and address, data, model, checkpoint).
 //!
 //! - Non-trainable model state: averaged over the group's ranks after every step; an
@@ -87,6 +92,7 @@ impl WorkerError {
             WorkerError::Comm { source, .. } => source.is_peer_lost(),
             WorkerError::Ps(e) => e.is_peer_lost(),
             WorkerError::Train(TrainError::PeerLost(_)) => true,
+            WorkerError::Train(TrainError::Preempted { .. }) => false,
             WorkerError::Train(_) | WorkerError::Config(_) => false,
         }
     }
@@ -105,6 +111,12 @@ pub struct Place {
     pub bind: String,
     /// The job's output folder (`allreduce` checkpoints go to its `checkpoints/`).
     pub output: PathBuf,
+    /// Whether SIGTERM stops the group at a step boundary ([`crate::util::signal::stop_flag`],
+    /// installed as the training loop starts; before it SIGTERM ends the process as usual, with no
+    /// step of this attempt done): on any rank, the group stops at the next step boundary,
+    /// `allreduce`'s rank 0 checkpoints that step, and [`run`] fails with
+    /// [`TrainError::Preempted`].
+    pub stop_on_sigterm: bool,
 }
 
 /// What a finished worker reports.
@@ -125,15 +137,22 @@ pub fn collective(e: CommError) -> TrainError {
     if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
 }
 
-/// Forms group `place.group`'s `tcp` communicator from the job config's peer list.
-pub fn connect_tcp(job: &JobConfig, place: &Place, token: &str) -> Result<TcpComm, WorkerError> {
+/// Forms group `place.group`'s `tcp` communicator from the job config's peer list: every peer
+/// must resolve, connect and authenticate within `connect_timeout`, or the error names the ones
+/// that did not (the group's "peers reachable" gate).
+pub fn connect_tcp(
+    job: &JobConfig,
+    place: &Place,
+    token: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<TcpComm, WorkerError> {
     tcp::connect_from_contract(
         job,
         place.group,
         place.rank as usize,
         &place.bind,
         token.as_bytes(),
-        TcpConfig::default(),
+        TcpConfig { connect_timeout, ..TcpConfig::default() },
     )
     .map_err(|source| WorkerError::Comm { group: place.group, source })
 }
@@ -213,7 +232,8 @@ pub fn run<C: Communicator>(
     // an `allreduce` group checkpoints (rank 0, into its output folder): the servers keep a PS
     // job's state.
     let dir = matches!(update, Update::Allreduce(_)).then_some(checkpoints);
-    let cadence = Cadence { report_every: PROGRESS_EVERY, ..Cadence::of(spec, dir) };
+    let stop = place.stop_on_sigterm.then(crate::util::signal::stop_flag);
+    let cadence = Cadence { report_every: PROGRESS_EVERY, stop, ..Cadence::of(spec, dir) };
     let summary = trainer.run(update.step(), &cadence, &mut on_progress)?;
     Ok(Summary { steps, start_step: start, accuracy: summary.evaluation.accuracy })
 }

@@ -228,7 +228,12 @@ fn a_ps_refuses_the_checkpoint_of_another_job_or_configuration() {
     client.join().unwrap();
     client.push(0, &[0.25; 4]).unwrap();
     let status = ps.terminate();
-    assert!(status.success(), "SIGTERM writes a last checkpoint, not {status:?}:\n{}", ps.log_text());
+    assert_eq!(
+        status.code(),
+        Some(tandem_api::contract::EXIT_PREEMPTED),
+        "SIGTERM writes a last checkpoint and exits retryable, not {status:?}:\n{}",
+        ps.log_text()
+    );
     drop(client);
     let dir = job.output().join("ps-0");
     let files = || std::fs::read_dir(&dir).unwrap().count();

@@ -24,6 +24,8 @@ mod flat;
 mod launcher;
 mod models;
 mod optim;
+mod peers;
+mod preemption;
 mod ps_faults;
 mod ps_hostile;
 mod ps_modes;

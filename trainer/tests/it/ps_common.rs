@@ -190,7 +190,7 @@ impl PsProcess {
         }
     }
 
-    /// SIGTERM, then waits for a clean exit.
+    /// SIGTERM, then waits for the exit (after its last checkpoint, with the retryable code).
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().unwrap();
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.

@@ -211,7 +211,12 @@ fn a_gracefully_stopped_ps_loses_no_update() {
         client.pull(0, &mut w).unwrap();
     }
     let status = ps.terminate();
-    assert!(status.success(), "SIGTERM is a clean stop, not {status:?}:\n{}", ps.log_text());
+    assert_eq!(
+        status.code(),
+        Some(tandem_api::contract::EXIT_PREEMPTED),
+        "SIGTERM: a last checkpoint, then the retryable code, not {status:?}:\n{}",
+        ps.log_text()
+    );
     let ps = job.spawn_ps(0, ps.port());
     assert!(matches!(client.pull(0, &mut w), Err(ClientError::Lost { .. })));
     client.reconnect().unwrap();
@@ -234,7 +239,12 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
         wire::Progress { step: 42, loss: Some(0.5), accuracy: Some(0.75), samples: 1344, epoch: 1 };
     client.report(reported).unwrap();
     let status = ps.terminate();
-    assert!(status.success(), "SIGTERM is a clean stop, not {status:?}:\n{}", ps.log_text());
+    assert_eq!(
+        status.code(),
+        Some(tandem_api::contract::EXIT_PREEMPTED),
+        "SIGTERM: a last checkpoint, then the retryable code, not {status:?}:\n{}",
+        ps.log_text()
+    );
 
     // The PS and group 0 restart together: the group's new attempt reads its step from the PS.
     let ps = job.spawn_ps(0, ps.port());

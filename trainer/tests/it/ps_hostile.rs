@@ -279,7 +279,11 @@ fn an_absurd_hello_size_is_refused_on_the_wire_and_the_shard_lives_on() {
     assert!(w.iter().all(|&x| x == 0.5));
     drop(client);
     let status = ps.terminate();
-    assert!(status.success(), "a healthy shard stops cleanly: {status:?}");
+    assert_eq!(
+        status.code(),
+        Some(tandem_api::contract::EXIT_PREEMPTED),
+        "a healthy shard stops on SIGTERM with the retryable code: {status:?}"
+    );
     eventually("the final checkpoint", || {
         job.output().join("ps-0").read_dir().is_ok_and(|mut d| d.next().is_some())
     });

@@ -270,7 +270,12 @@ fn the_parameter_servers_hold_the_groups_mean_state_and_keep_it_across_a_restart
     // a restarted group takes the mean state from the restarted shard 0.
     for p in &mut ps {
         let status = p.terminate();
-        assert!(status.success(), "SIGTERM is a clean stop, not {status:?}:\n{}", p.log_text());
+        assert_eq!(
+            status.code(),
+            Some(tandem_api::contract::EXIT_PREEMPTED),
+            "SIGTERM: a last checkpoint, then the retryable code, not {status:?}:\n{}",
+            p.log_text()
+        );
     }
     let ps = [psj.spawn_ps(0, ps[0].port()), psj.spawn_ps(1, ps[1].port())];
     let (resumed, _) = ps_group(&servers, 0, 1, 1);
