@@ -86,7 +86,7 @@ fn all_running(job: &TrainingJob) -> Vec<Pod> {
 }
 
 fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
-    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
+    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now, progress: None }, &Settings::default())
 }
 
 /// Applies a plan to the job and the pod list, like the controller and API server would.
@@ -432,20 +432,20 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     pods[2].metadata.deletion_timestamp = Some(Time(at(30)));
     let lost = BTreeSet::from(["node-a".to_owned()]);
     let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
-    let early = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
+    let early = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(60), progress: None }, &settings);
     assert!(early.force_delete.is_empty());
     // The deleted pod is a disruption: its group restarts (the other rank goes now).
     assert_eq!(early.status.phase, Some(JobPhase::Restarting));
     assert!(condition(&early, "Restarting").message.contains("was deleted"));
     assert_eq!(early.delete, vec!["mnist-hybrid-g0-1".to_owned()]);
     job.status = Some(early.status.clone());
-    let late = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
+    let late = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(91), progress: None }, &settings);
     assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
     assert_eq!(late.status.restarts, 1);
     // A node that is fine gets no force deletion.
     let fine = decide(
         &valid(&job),
-        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) },
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500), progress: None },
         &settings,
     );
     assert!(fine.force_delete.is_empty());
