@@ -806,7 +806,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     let pods = job_pods(job, ctx).await?;
     let lost = lost_nodes(ctx, &pods).await;
     let progress = read_progress(job, ctx, &pods).await;
-    let observed = Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
+    let observed =
+        Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
     let mut plan = plan::decide(job, &observed, &ctx.settings);
     let has_ps = job.spec.parameter_servers.replicas > 0;
     if has_ps && plan.status.phase == Some(JobPhase::Running) {

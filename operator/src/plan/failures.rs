@@ -119,7 +119,12 @@ fn restart(
 
 /// Records in `status.attempts` that `unit` restarted now as `attempt`, with `container_restarts`
 /// in-place restarts of its pod counted (`None` for a new attempt, whose pod has none).
-pub(super) fn record_restart(draft: &mut Draft<'_>, unit: Unit, attempt: u32, container_restarts: Option<u32>) {
+pub(super) fn record_restart(
+    draft: &mut Draft<'_>,
+    unit: Unit,
+    attempt: u32,
+    container_restarts: Option<u32>,
+) {
     let (key, now) = (unit.key(), Some(Time(draft.now)));
     let attempts = &mut draft.status.attempts;
     match attempts.iter_mut().find(|a| a.unit == key) {

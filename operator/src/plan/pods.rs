@@ -108,7 +108,8 @@ impl<'a> ObservedPod<'a> {
             let message = message.unwrap_or_else(|| "the scheduler has not placed it".to_owned());
             return Some((reason, format!("pod {}: {message}", self.name)));
         }
-        let containers = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+        let containers =
+            status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
         containers.filter_map(|c| Some((c, c.state.as_ref()?.waiting.as_ref()?))).find_map(|(c, waiting)| {
             let reason = waiting.reason.clone()?;
             if !BLOCKING_WAIT_REASONS.contains(&reason.as_str()) {
