@@ -115,13 +115,65 @@ impl Conv2d {
     fn k(&self) -> usize {
         self.spec.kh * self.spec.kw * self.spec.cin
     }
+}
 
-    /// Index in PyTorch's `[cout, cin, kh, kw]` of tap `t = (ky, kx, ci)` for output `co`.
-    fn param_index(&self, co: usize, t: usize) -> usize {
-        let ConvSpec { cin, kh, kw, .. } = self.spec;
-        let (kyx, ci) = (t / cin, t % cin);
-        let (ky, kx) = (kyx / kw, kyx % kw);
-        ((co * cin + ci) * kh + ky) * kw + kx
+/// Output channels per block of the weight re-layouts: a block's rows of PyTorch's weights
+/// (`BLOCK × cin·kh·kw`) stay in L2 while its `[k × cout]` side is written `BLOCK` values at a time.
+const BLOCK: usize = 16;
+
+/// PyTorch's `[cout, cin, kh, kw]` weights `w` as `wt = [k × cout]` in tap order (the forward GEMM's B).
+fn weights_to_taps_by_cout(spec: &ConvSpec, w: &[f32], wt: &mut [f32]) {
+    let ConvSpec { cin, cout, kh, kw, .. } = *spec;
+    let khkw = kh * kw;
+    let k = khkw * cin;
+    for co0 in (0..cout).step_by(BLOCK) {
+        let co1 = (co0 + BLOCK).min(cout);
+        for kyx in 0..khkw {
+            for ci in 0..cin {
+                let (t, src) = (kyx * cin + ci, ci * khkw + kyx);
+                for (c, d) in wt[t * cout + co0..t * cout + co1].iter_mut().enumerate() {
+                    *d = w[(co0 + c) * k + src];
+                }
+            }
+        }
+    }
+}
+
+/// PyTorch's weights `w` as `wk = [cout × k]` in tap order (the input-gradient GEMM's B): each output
+/// channel's row permuted in place of a transpose.
+fn weights_to_taps_by_row(spec: &ConvSpec, w: &[f32], wk: &mut [f32]) {
+    let ConvSpec { cin, kh, kw, .. } = *spec;
+    let khkw = kh * kw;
+    let k = khkw * cin;
+    for (dst, src) in wk.chunks_exact_mut(k).zip(w.chunks_exact(k)) {
+        for kyx in 0..khkw {
+            for (ci, d) in dst[kyx * cin..(kyx + 1) * cin].iter_mut().enumerate() {
+                *d = src[ci * khkw + kyx];
+            }
+        }
+    }
+}
+
+/// The threads' weight-gradient partials (`[k × cout]` in tap order each) summed in thread order
+/// into PyTorch's layout `gw`.
+fn taps_to_weights(spec: &ConvSpec, parts: &[Vec<f32>], gw: &mut [f32]) {
+    let ConvSpec { cin, cout, kh, kw, .. } = *spec;
+    let khkw = kh * kw;
+    let k = khkw * cin;
+    for co0 in (0..cout).step_by(BLOCK) {
+        let co1 = (co0 + BLOCK).min(cout);
+        for kyx in 0..khkw {
+            for ci in 0..cin {
+                let (t, dst) = (kyx * cin + ci, ci * khkw + kyx);
+                for co in co0..co1 {
+                    let mut s = 0.0;
+                    for part in parts {
+                        s += part[t * cout + co];
+                    }
+                    gw[co * k + dst] = s;
+                }
+            }
+        }
     }
 }
 
@@ -220,11 +272,7 @@ impl Layer for Conv2d {
         let ConvSpec { cin, cout, pad, relu, bias, .. } = self.spec;
         let k = self.k();
         let (wparams, bparams) = params.split_at(cout * k);
-        for t in 0..k {
-            for co in 0..cout {
-                self.wt[t * cout + co] = wparams[self.param_index(co, t)];
-            }
-        }
+        weights_to_taps_by_cout(&self.spec, wparams, &mut self.wt);
         let (h, w, hp, wp) = (self.h, self.w, self.hp, self.wp);
         let img_in = h * w * cin;
         let img_p = hp * wp * cin;
@@ -284,11 +332,7 @@ impl Layer for Conv2d {
         let want_dx = dx.is_some();
         if want_dx {
             let wparams = &params[..cout * k];
-            for co in 0..cout {
-                for t in 0..k {
-                    self.wk[co * k + t] = wparams[self.param_index(co, t)];
-                }
-            }
+            weights_to_taps_by_row(&self.spec, wparams, &mut self.wk);
         }
         let threads = cx.pool.threads();
         let dys = SharedMut::new(dy);
@@ -368,15 +412,7 @@ impl Layer for Conv2d {
         });
         // Sum the threads' partials in thread order into PyTorch's layout.
         let (gw, gb) = grads.split_at_mut(cout * k);
-        for co in 0..cout {
-            for t in 0..k {
-                let mut s = 0.0;
-                for part in &self.gpart[..threads] {
-                    s += part[t * cout + co];
-                }
-                gw[self.param_index(co, t)] = s;
-            }
-        }
+        taps_to_weights(&self.spec, &self.gpart[..threads], gw);
         if bias {
             for (co, g) in gb.iter_mut().enumerate().take(cout) {
                 *g = self.gpart[..threads].iter().map(|p| p[k * cout + co]).sum();

@@ -184,6 +184,8 @@ fn conv_matches_naive_with_stride_padding_and_odd_shapes() {
         (16, 32, 6, 6, 5, 5, 1, 2, true, true, 5),
         (3, 2, 5, 7, 2, 3, 3, 0, true, false, 1),
         (5, 3, 4, 4, 3, 3, 1, 0, false, true, 4),
+        // more output channels than one block of the weight re-layouts, and a partial block
+        (3, 21, 5, 6, 3, 3, 1, 1, true, false, 2),
     ];
     for &(cin, cout, h, w, kh, kw, stride, pad, bias, relu, n) in &cases {
         let spec = ConvSpec { cin, cout, kh, kw, stride, pad, bias, relu };
