@@ -42,6 +42,8 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
         label_selector_path = ".status.selector"
     ),
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Scheduled","type":"string","jsonPath":".status.conditions[?(@.type==\"Scheduled\")].status"}"#,
+    printcolumn = r#"{"name":"Stalled","type":"string","jsonPath":".status.conditions[?(@.type==\"Stalled\")].status"}"#,
     printcolumn = r#"{"name":"Groups","type":"integer","jsonPath":".spec.workers.groups"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.progress.accuracy"}"#,
@@ -53,6 +55,7 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.parameterServers.replicas == 0").message("algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.workers.groups == 1").message("algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid"))]
 #[x_kube(validation = Rule::new("self.training.algorithm == 'allreduce' || self.parameterServers.replicas >= 1").message("algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1"))]
+#[x_kube(validation = Rule::new("!has(self.runPolicy.stallTimeoutSeconds) || self.parameterServers.replicas >= 1").message("runPolicy.stallTimeoutSeconds watches the step a parameter server reports, and this job has none: unset it, or use an algorithm with a parameter server"))]
 #[x_kube(validation = Rule::new("has(self.training.steps) != has(self.training.epochs)").message("set exactly one of training.steps and training.epochs"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || self.training.easgd.tau >= 1").message("algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || (self.training.easgd.alpha > 0.0 && self.training.easgd.alpha <= 1.0)").message("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]"))]
@@ -731,6 +734,28 @@ pub struct RunPolicy {
     /// Gang scheduling and placement.
     #[serde(default)]
     pub scheduling: SchedulingPolicy,
+    /// Declare the job stalled when `status.progress.step` has not advanced for this long while
+    /// the job is Running (condition `Stalled`, an Event, `stallPolicy`); unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 30 && self <= 86400").message("runPolicy.stallTimeoutSeconds must lie within [30, 86400] (30 s to a day): the step is read every 10 s, so a shorter timeout would call a healthy job stalled"))]
+    pub stall_timeout_seconds: Option<u32>,
+    /// What a stall does: `None` (report only), `RestartGroup` (restart every worker group; the
+    /// parameter servers keep their state) or `RestartJob` (restart every unit), through the
+    /// restart path and `maxRestarts` of failures.
+    #[serde(default)]
+    pub stall_policy: StallPolicy,
+}
+
+/// What a stalled job does (`runPolicy.stallPolicy`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StallPolicy {
+    /// Report it (condition, Event, metric) and leave the job alone.
+    #[default]
+    None,
+    /// Restart every worker group; parameter servers keep their pods and state.
+    RestartGroup,
+    /// Restart every unit, parameter servers included.
+    RestartJob,
 }
 
 impl Default for RunPolicy {
@@ -746,6 +771,8 @@ impl Default for RunPolicy {
             suspend: false,
             managed_by: None,
             scheduling: SchedulingPolicy::default(),
+            stall_timeout_seconds: None,
+            stall_policy: StallPolicy::default(),
         }
     }
 }
@@ -851,6 +878,10 @@ pub struct TrainingJobStatus {
     /// Training progress reported by the trainer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// When the operator first saw `progress.step` at its current value (the start of the stall
+    /// clock of `runPolicy.stallTimeoutSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time: Option<Time>,
     /// Restart bookkeeping of each worker group and PS replica that has been restarted: its
     /// attempt number (carried into its pods as `TANDEM_ATTEMPT`) and when it was last restarted
     /// (the start of its back-off).

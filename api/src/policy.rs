@@ -149,6 +149,8 @@ pub enum FailureKind {
     Deleted,
     /// Its pod failed for this reason, without an exit code.
     Other(String),
+    /// Its job's step stopped advancing (`runPolicy.stallTimeoutSeconds`); says since when.
+    Stalled(String),
 }
 
 impl FailureKind {
@@ -160,7 +162,7 @@ impl FailureKind {
             (RestartPolicy::ExitCode, FailureKind::Exit(code)) => policy.retryable_exit_codes.contains(code),
             (RestartPolicy::OnFailure, FailureKind::Exit(_)) => false,
             (_, FailureKind::Signal(_) | FailureKind::Evicted | FailureKind::NodeLost)
-            | (_, FailureKind::Deleted | FailureKind::Other(_)) => true,
+            | (_, FailureKind::Deleted | FailureKind::Other(_) | FailureKind::Stalled(_)) => true,
         }
     }
 
@@ -213,6 +215,7 @@ impl fmt::Display for Failure {
             FailureKind::NodeLost => write!(f, "{who} lost its node"),
             FailureKind::Deleted => write!(f, "{who} was deleted while the job ran"),
             FailureKind::Other(reason) => write!(f, "{who} failed ({reason})"),
+            FailureKind::Stalled(detail) => write!(f, "{who} stalled: {detail}"),
         }
     }
 }

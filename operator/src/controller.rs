@@ -46,7 +46,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
-use tandem_api::{Backend, JobPhase, Role, TrainingJob, TrainingJobStatus};
+use tandem_api::{Backend, JobPhase, Progress, Role, TrainingJob, TrainingJobStatus};
 
 use crate::metrics::{Metrics, RoleLabel};
 use crate::plan::{self, Observed, Plan, Settings, condition};
@@ -653,40 +653,38 @@ async fn write_status(
         .map_err(|source| Error::Status { job: name.to_owned(), source })
 }
 
-/// Reads a Running job's progress from its PS replica 0 into `status`; anything that fails is
-/// logged at debug and leaves the last progress in place.
-async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod], status: &mut TrainingJobStatus) {
+/// Reads the progress of a job that was Running from its PS replica 0; anything that fails is
+/// logged at debug and gives `None` (the last progress stays in the status).
+async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod]) -> Option<Progress> {
     let name = job.name;
-    if status.phase != Some(JobPhase::Running) {
+    let running = job.job.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running);
+    if !running || job.spec.parameter_servers.replicas == 0 {
         ctx.tokens.forget(job.uid);
-        return;
+        return None;
     }
     let Some(addr) = progress::ps0_address(job, pods) else {
         tracing::debug!(job = %name, "no running PS 0 with an IP yet; progress unchanged");
-        return;
+        return None;
     };
     let token = match ctx.tokens.get(&ctx.client, job).await {
         Ok(Some(token)) => token,
         Ok(None) => {
             tracing::debug!(job = %name, "the job token Secret is missing or empty; progress unchanged");
-            return;
+            return None;
         }
         Err(e) => {
             tracing::debug!(job = %name, error = %e, "cannot read the job token; progress unchanged");
-            return;
+            return None;
         }
     };
     match progress::fetch(addr, &token).await {
-        Ok(ps) => {
-            if let Some(p) = ps.progress {
-                status.progress = Some(p);
-            }
-        }
+        Ok(ps) => ps.progress,
         Err(e) => {
             if e.is_unauthorized() {
                 ctx.tokens.forget(job.uid);
             }
             tracing::debug!(job = %name, error = %e, "cannot read progress; keeping the last one");
+            None
         }
     }
 }
@@ -807,14 +805,11 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     let job = &job;
     let pods = job_pods(job, ctx).await?;
     let lost = lost_nodes(ctx, &pods).await;
-    let mut plan =
-        plan::decide(job, &Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now() }, &ctx.settings);
+    let progress = read_progress(job, ctx, &pods).await;
+    let observed =
+        Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
+    let mut plan = plan::decide(job, &observed, &ctx.settings);
     let has_ps = job.spec.parameter_servers.replicas > 0;
-    if has_ps {
-        read_progress(job, ctx, &pods, &mut plan.status).await;
-    } else {
-        ctx.tokens.forget(job.uid);
-    }
     if has_ps && plan.status.phase == Some(JobPhase::Running) {
         plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
     }
@@ -844,6 +839,9 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     }
     for role in &plan.restarted {
         ctx.metrics.restarts.get_or_create(&RoleLabel { role: role.name().to_owned() }).inc();
+    }
+    if plan.stalled {
+        ctx.metrics.stalls.inc();
     }
     if !pods_first {
         execute(job, ctx, &plan).await?;

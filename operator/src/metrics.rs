@@ -1,7 +1,8 @@
 //! Prometheus metrics of the operator, served at `/metrics`.
 //!
 //! Families (prefix `tandem_operator_`): `reconcile_duration_seconds` (histogram),
-//! `reconciles_total`, `reconcile_errors_total{category}`, `restarts_total{role}` and
+//! `reconciles_total`, `reconcile_errors_total{category}`, `restarts_total{role}`, `stalls_total`
+//! (jobs declared stalled, see `runPolicy.stallTimeoutSeconds`) and
 //! `jobs{phase}` (a gauge refreshed from the controller's cache on every scrape, so it never
 //! drifts from what the API server holds).
 
@@ -47,6 +48,8 @@ pub struct Metrics {
     pub errors: Family<CategoryLabel, Counter>,
     /// Unit restarts by the role of the failed pod.
     pub restarts: Family<RoleLabel, Counter>,
+    /// Stalls declared (a Running job's step did not advance for its stall timeout).
+    pub stalls: Counter,
     /// Jobs by phase.
     pub jobs: Family<PhaseLabel, Gauge>,
     registry: Arc<Registry>,
@@ -64,6 +67,7 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let errors = Family::<CategoryLabel, Counter>::default();
         let restarts = Family::<RoleLabel, Counter>::default();
+        let stalls = Counter::default();
         let jobs = Family::<PhaseLabel, Gauge>::default();
         let mut registry = Registry::with_prefix("tandem_operator");
         registry.register_with_unit(
@@ -79,8 +83,13 @@ impl Default for Metrics {
             "Worker-group and PS restarts by role of the failed pod",
             restarts.clone(),
         );
+        registry.register(
+            "stalls",
+            "Stalls declared: a Running job's step did not advance for runPolicy.stallTimeoutSeconds",
+            stalls.clone(),
+        );
         registry.register("jobs", "TrainingJobs by phase", jobs.clone());
-        Self { reconcile_duration, reconciles, errors, restarts, jobs, registry: Arc::new(registry) }
+        Self { reconcile_duration, reconciles, errors, restarts, stalls, jobs, registry: Arc::new(registry) }
     }
 }
 
@@ -120,6 +129,7 @@ mod tests {
         let m = Metrics::default();
         m.observe(Duration::from_millis(3), Some("apply"));
         m.restarts.get_or_create(&RoleLabel { role: "worker".into() }).inc();
+        m.stalls.inc();
         m.set_jobs([("Running", 2), ("Failed", 1)]);
         let text = m.encode();
         for needle in [
@@ -128,6 +138,7 @@ mod tests {
             "tandem_operator_restarts_total{role=\"worker\"} 1",
             "tandem_operator_jobs{phase=\"Running\"} 2",
             "tandem_operator_reconciles_total 1",
+            "tandem_operator_stalls_total 1",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -110,7 +110,22 @@ fn restart(
             (attempt, message)
         }
     };
-    let (key, now) = (Unit::of(cause.role).key(), Some(Time(draft.now)));
+    record_restart(draft, Unit::of(cause.role), attempt, container_restarts);
+    draft.set(condition::RESTARTING, true, cause.reason(), &message);
+    draft.plan.events.push(Transition { warning: true, reason: cause.reason().to_owned(), message });
+    draft.plan.restarted.push(cause.role);
+    Ok(())
+}
+
+/// Records in `status.attempts` that `unit` restarted now as `attempt`, with `container_restarts`
+/// in-place restarts of its pod counted (`None` for a new attempt, whose pod has none).
+pub(super) fn record_restart(
+    draft: &mut Draft<'_>,
+    unit: Unit,
+    attempt: u32,
+    container_restarts: Option<u32>,
+) {
+    let (key, now) = (unit.key(), Some(Time(draft.now)));
     let attempts = &mut draft.status.attempts;
     match attempts.iter_mut().find(|a| a.unit == key) {
         Some(record) => {
@@ -121,10 +136,6 @@ fn restart(
         None => attempts.push(UnitAttempt { unit: key, attempt, last_restart_time: now, container_restarts }),
     }
     attempts.sort_by(|a, b| a.unit.cmp(&b.unit));
-    draft.set(condition::RESTARTING, true, cause.reason(), &message);
-    draft.plan.events.push(Transition { warning: true, reason: cause.reason().to_owned(), message });
-    draft.plan.restarted.push(cause.role);
-    Ok(())
 }
 
 /// The job fails once it ran longer than `activeDeadlineSeconds`; until then the plan looks again

@@ -10,7 +10,7 @@
 //! stuck on lost nodes; a finished job only cleans up, a suspended one deletes its pods
 //! (`finish.rs`); otherwise delete stale and out-of-spec pods, restart the units of failed pods or
 //! fail the job, count the parameter servers the kubelet restarted in place, check the deadline
-//! (`failures.rs`), count what runs, succeed once every group is
+//! (`failures.rs`), record the progress and declare a stall (`stall.rs`), count what runs, succeed once every group is
 //! done, create what is missing after its back-off (`launch.rs`), and set the phase and
 //! conditions (`phase.rs`).
 //!
@@ -43,6 +43,7 @@ mod finish;
 mod launch;
 mod phase;
 mod pods;
+mod stall;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -51,7 +52,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tandem_api::policy::Unit;
-use tandem_api::{JobPhase, Role, TrainingJobStatus};
+use tandem_api::{JobPhase, Progress, Role, TrainingJobStatus};
 
 use crate::names;
 use crate::validate::ValidatedJob;
@@ -74,7 +75,13 @@ pub mod condition {
     pub const SUCCEEDED: &str = "Succeeded";
     /// The job failed.
     pub const FAILED: &str = "Failed";
+    /// The step has not advanced for `runPolicy.stallTimeoutSeconds`.
+    pub const STALLED: &str = "Stalled";
+    /// Every pod is bound to a node and its containers could start; False names what blocks one.
+    pub const SCHEDULED: &str = "Scheduled";
 }
+
+pub use stall::STALLED as STALLED_REASON;
 
 /// Operator settings that shape decisions.
 #[derive(Clone, Debug)]
@@ -100,6 +107,8 @@ pub struct Observed<'a> {
     pub lost_nodes: &'a BTreeSet<String>,
     /// The current time.
     pub now: Timestamp,
+    /// The progress just read from the trainer, if any.
+    pub progress: Option<&'a Progress>,
 }
 
 /// A transition worth an Event.
@@ -134,6 +143,8 @@ pub struct Plan {
     pub events: Vec<Transition>,
     /// Roles whose unit was restarted (for the restarts metric).
     pub restarted: Vec<Role>,
+    /// A stall was declared (for the stalls metric).
+    pub stalled: bool,
     /// When to look again.
     pub requeue_after: Duration,
 }
@@ -234,7 +245,8 @@ pub fn decide(job: &ValidatedJob<'_>, observed: &Observed<'_>, settings: &Settin
         Ok(restarted) => failures::count_in_place_restarts(&mut draft, &pods, &restarted),
         Err(failure) => Some(failure),
     }
-    .or_else(|| failures::deadline(&mut draft));
+    .or_else(|| failures::deadline(&mut draft))
+    .or_else(|| stall::check(&mut draft, &pods, observed.progress));
     let current = phase::Current::of(&draft, &pods);
     current.count(&mut draft.status, job.spec);
     if let Some(failure) = failure {

@@ -110,11 +110,29 @@ pub(super) fn set(draft: &mut Draft<'_>, pods: &[ObservedPod<'_>], current: &Cur
     draft.set(condition::RESTARTING, restarting, &reason, &message);
     draft.set(condition::SCALING, scaling, &reason, &message);
     draft.set(condition::RUNNING, all_running && !restarting && !scaling, &reason, &message);
+    scheduled(draft, current);
     if phase == JobPhase::Running && draft.status.start_time.is_none() {
         draft.status.start_time = Some(Time(draft.now));
     }
     draft.status.phase = Some(phase);
     if draft.plan.restarted.is_empty() {
         draft.transition(&reason, &message, false);
+    }
+}
+
+/// Sets `Scheduled`: False while a current pod is Pending for a reason someone must act on (the
+/// first such pod's reason and message, copied from its status, see [`ObservedPod::blocked`]),
+/// True once every pod of the spec exists and none is blocked.
+fn scheduled(draft: &mut Draft<'_>, current: &Current<'_, '_>) {
+    if let Some((reason, message)) = current.0.iter().find_map(|p| p.blocked()) {
+        // Set even when it never was True: the user must see why nothing runs.
+        let (now, generation) = (draft.now, draft.job.generation());
+        let conditions = &mut draft.status.conditions;
+        if !conditions.iter().any(|c| c.type_ == condition::SCHEDULED) {
+            super::set_condition(conditions, condition::SCHEDULED, true, &reason, &message, now, generation);
+        }
+        draft.set(condition::SCHEDULED, false, &reason, &message);
+    } else if current.0.iter().all(|p| p.phase != PodPhase::Pending) && current.all_running(draft.job.spec) {
+        draft.set(condition::SCHEDULED, true, "AllPodsScheduled", "every pod is bound to a node and started");
     }
 }

@@ -88,6 +88,38 @@ impl<'a> ObservedPod<'a> {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     }
 
+    /// What keeps a Pending pod from running, as a reason and message copied from its status:
+    /// the scheduler's (`PodScheduled=False`, e.g. `Unschedulable: 0/3 nodes are available: …`),
+    /// else a container's that cannot start (an image that cannot be pulled, a missing Secret or
+    /// ConfigMap, a volume that cannot be mounted). `None` for a pod that is not Pending, or that
+    /// is only starting.
+    pub fn blocked(&self) -> Option<(String, String)> {
+        if self.phase != PodPhase::Pending || self.deleting {
+            return None;
+        }
+        let status = self.pod.status.as_ref()?;
+        let unscheduled = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            .map(|c| (c.reason.clone().unwrap_or_else(|| "Unschedulable".to_owned()), c.message.clone()));
+        if let Some((reason, message)) = unscheduled {
+            let message = message.unwrap_or_else(|| "the scheduler has not placed it".to_owned());
+            return Some((reason, format!("pod {}: {message}", self.name)));
+        }
+        let containers =
+            status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+        containers.filter_map(|c| Some((c, c.state.as_ref()?.waiting.as_ref()?))).find_map(|(c, waiting)| {
+            let reason = waiting.reason.clone()?;
+            if !BLOCKING_WAIT_REASONS.contains(&reason.as_str()) {
+                return None;
+            }
+            let detail = waiting.message.clone().unwrap_or_default();
+            Some((reason, format!("pod {} container {}: {detail}", self.name, c.name)))
+        })
+    }
+
     /// The kubelet's in-place restarts of its `tandem` container (see [`container_restarts`]).
     pub fn container_restarts(&self) -> Option<(u32, Option<i32>)> {
         container_restarts(self.pod)
@@ -120,6 +152,19 @@ impl<'a> ObservedPod<'a> {
         Some(Failure { who: format!("pod {}", self.name), role: self.role, kind })
     }
 }
+
+/// Container waiting reasons of the kubelet that mean the container cannot start until someone
+/// acts (as opposed to `ContainerCreating`, which passes by itself).
+const BLOCKING_WAIT_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
 
 /// The exit code of the `tandem` container (else of the first container that failed).
 pub fn exit_code(pod: &Pod) -> Option<i32> {

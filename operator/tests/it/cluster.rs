@@ -846,3 +846,90 @@ async fn progress_is_read_from_the_ps_status_endpoint() {
     let _ = std::fs::remove_dir_all(&dir);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn pending_pods_show_scheduled_false_with_the_schedulers_reason_and_a_stall_restarts_the_groups() {
+    let h = Harness::start("op-sched-stall").await;
+    h.create_job(
+        r#"
+apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: stall}
+spec:
+  training: {algorithm: hybrid, steps: 100}
+  parameterServers: {replicas: 1}
+  workers: {groups: 1, groupSize: 1}
+  runPolicy: {maxRestarts: 3, backoffSeconds: 1, stallTimeoutSeconds: 30, stallPolicy: RestartGroup}
+"#,
+    )
+    .await;
+    wait_pods(&h, "stall", &["stall-g0-0", "stall-ps-0"]).await;
+    // The scheduler's verdict on one pod, as kube-scheduler writes it.
+    let message = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available.";
+    h.pods()
+        .patch_status(
+            "stall-g0-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    h.set_pod("stall-ps-0", "Running", true, None).await;
+    let job = wait_for("Scheduled=False", || async {
+        let j = h.job("stall").await;
+        match condition(&j, "Scheduled") {
+            Some(c) if c.status == "False" => Ok(j),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let c = condition(&job, "Scheduled").unwrap();
+    assert_eq!(c.reason, "Unschedulable");
+    assert!(c.message.contains(message) && c.message.contains("stall-g0-0"), "{}", c.message);
+    assert_ne!(job.status.as_ref().and_then(|s| s.phase), Some(JobPhase::Running));
+    assert!(condition(&job, "Running").is_none_or(|c| c.status == "False"));
+
+    // Scheduled and running: no step is ever reported, so 30 s after it ran the job is stalled.
+    h.set_pod("stall-g0-0", "Running", true, None).await;
+    let running = wait_phase(&h, "stall", JobPhase::Running).await;
+    assert_eq!(condition(&running, "Scheduled").unwrap().status, "True");
+    let stalled = wait_for("Stalled=True", || async {
+        let j = h.job("stall").await;
+        match condition(&j, "Stalled") {
+            Some(c) if c.status == "True" => Ok(j),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let c = condition(&stalled, "Stalled").unwrap();
+    assert_eq!(c.reason, "ProgressStalled");
+    assert!(
+        c.message.contains("no step was reported") && c.message.contains("RestartGroup"),
+        "{}",
+        c.message
+    );
+    let status = stalled.status.unwrap();
+    assert_eq!(status.restarts, 1);
+    assert!(status.attempts.iter().any(|a| a.unit == "group-0" && a.attempt == 1), "{:?}", status.attempts);
+    let events = wait_for("the stall Events", || async {
+        let events = h.events("stall").await;
+        let reasons: Vec<String> = events.iter().map(|e| e.reason.clone().unwrap_or_default()).collect();
+        if reasons.iter().any(|r| r == "ProgressStalled") && reasons.iter().any(|r| r == "StallRestart") {
+            Ok(reasons)
+        } else {
+            Err(format!("{reasons:?}"))
+        }
+    })
+    .await;
+    assert!(!events.is_empty());
+    // The group's pod is recreated as attempt 1; the PS keeps its pod.
+    wait_for("group 0 relaunched as attempt 1", || async {
+        let pod = h.pods().get_opt("stall-g0-0").await.unwrap();
+        let attempt = pod.as_ref().and_then(|p| p.labels().get(names::LABEL_ATTEMPT).cloned());
+        if attempt.as_deref() == Some("1") { Ok(()) } else { Err(format!("{attempt:?}")) }
+    })
+    .await;
+    h.stop().await;
+}

@@ -86,7 +86,11 @@ fn all_running(job: &TrainingJob) -> Vec<Pod> {
 }
 
 fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
-    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now }, &Settings::default())
+    decide(
+        &valid(job),
+        &Observed { pods, lost_nodes: &BTreeSet::new(), now, progress: None },
+        &Settings::default(),
+    )
 }
 
 /// Applies a plan to the job and the pod list, like the controller and API server would.
@@ -432,20 +436,28 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     pods[2].metadata.deletion_timestamp = Some(Time(at(30)));
     let lost = BTreeSet::from(["node-a".to_owned()]);
     let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
-    let early = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(60) }, &settings);
+    let early = decide(
+        &valid(&job),
+        &Observed { pods: &pods, lost_nodes: &lost, now: at(60), progress: None },
+        &settings,
+    );
     assert!(early.force_delete.is_empty());
     // The deleted pod is a disruption: its group restarts (the other rank goes now).
     assert_eq!(early.status.phase, Some(JobPhase::Restarting));
     assert!(condition(&early, "Restarting").message.contains("was deleted"));
     assert_eq!(early.delete, vec!["mnist-hybrid-g0-1".to_owned()]);
     job.status = Some(early.status.clone());
-    let late = decide(&valid(&job), &Observed { pods: &pods, lost_nodes: &lost, now: at(91) }, &settings);
+    let late = decide(
+        &valid(&job),
+        &Observed { pods: &pods, lost_nodes: &lost, now: at(91), progress: None },
+        &settings,
+    );
     assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
     assert_eq!(late.status.restarts, 1);
     // A node that is fine gets no force deletion.
     let fine = decide(
         &valid(&job),
-        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500) },
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500), progress: None },
         &settings,
     );
     assert!(fine.force_delete.is_empty());
@@ -566,4 +578,156 @@ fn a_lost_ps_pod_is_recreated_and_its_event_claims_no_resume() {
     let plan = run(&claimed, &pods, t0());
     let event = plan.events.iter().find(|e| e.warning).unwrap();
     assert!(event.message.contains("claim ckpt"), "{event:?}");
+}
+
+fn step(n: u64) -> tandem_api::Progress {
+    tandem_api::Progress { step: n, ..tandem_api::Progress::default() }
+}
+
+fn look(job: &TrainingJob, pods: &[Pod], now: Timestamp, progress: Option<&tandem_api::Progress>) -> Plan {
+    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now, progress }, &Settings::default())
+}
+
+/// The hybrid fixture with a stall timeout and policy, Running with every pod since `at(5)`.
+fn running_with_stall(policy: tandem_api::StallPolicy) -> (TrainingJob, Vec<Pod>) {
+    let mut job = fixture("hybrid.yaml");
+    job.spec.run_policy.stall_timeout_seconds = Some(60);
+    job.spec.run_policy.stall_policy = policy;
+    let mut pods = Vec::new();
+    let plan = run(&job, &pods, t0());
+    apply(&mut job, &mut pods, &plan);
+    let pods = all_running(&job);
+    let plan = look(&job, &pods, at(5), None);
+    job.status = Some(plan.status);
+    (job, pods)
+}
+
+#[test]
+fn a_step_that_stays_put_past_the_timeout_is_declared_stalled_once_and_clears_when_it_advances() {
+    let (mut job, pods) = running_with_stall(tandem_api::StallPolicy::None);
+    let plan = look(&job, &pods, at(10), Some(&step(40)));
+    assert_eq!(plan.status.step_time, Some(Time(at(10))));
+    assert!(plan.requeue_after <= Duration::from_secs(60), "looks again at the stall deadline");
+    job.status = Some(plan.status);
+    // Same step, not yet 60 s after it was first seen: no stall.
+    let plan = look(&job, &pods, at(69), Some(&step(40)));
+    assert!(plan.status.conditions.iter().all(|c| c.type_ != "Stalled"));
+    assert!(!plan.stalled);
+    job.status = Some(plan.status);
+    let plan = look(&job, &pods, at(71), Some(&step(40)));
+    let stalled = condition(&plan, "Stalled");
+    assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "ProgressStalled"));
+    assert!(stalled.message.contains("stayed at 40 since 2026-01-01T00:10:10Z"), "{}", stalled.message);
+    assert!(plan.stalled);
+    assert!(plan.events.iter().any(|e| e.warning && e.reason == "ProgressStalled"));
+    assert!(plan.delete.is_empty() && plan.restarted.is_empty(), "stallPolicy None only reports");
+    assert_eq!(plan.status.phase, Some(JobPhase::Running));
+    job.status = Some(plan.status);
+    // Declared once: the next look says nothing new.
+    let plan = look(&job, &pods, at(90), Some(&step(40)));
+    assert!(!plan.stalled && plan.events.is_empty());
+    job.status = Some(plan.status);
+    let plan = look(&job, &pods, at(95), Some(&step(41)));
+    let stalled = condition(&plan, "Stalled");
+    assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("False", "Progressing"));
+    assert_eq!(plan.status.step_time, Some(Time(at(95))));
+}
+
+#[test]
+fn a_stall_with_restart_group_restarts_every_group_once_and_keeps_the_ps() {
+    let (mut job, pods) = running_with_stall(tandem_api::StallPolicy::RestartGroup);
+    let plan = look(&job, &pods, at(10), Some(&step(7)));
+    job.status = Some(plan.status);
+    let plan = look(&job, &pods, at(80), None);
+    assert!(plan.stalled);
+    assert_eq!(plan.status.phase, Some(JobPhase::Restarting));
+    assert_eq!(plan.status.restarts, 1, "one stall is one restart of the job");
+    let mut deleted = plan.delete.clone();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        names_of(&[
+            (Role::Worker { group: 0, rank: 0 }, 0),
+            (Role::Worker { group: 0, rank: 1 }, 0),
+            (Role::Worker { group: 1, rank: 0 }, 0),
+            (Role::Worker { group: 1, rank: 1 }, 0),
+        ])
+    );
+    let units: Vec<_> = plan.status.attempts.iter().map(|a| (a.unit.as_str(), a.attempt)).collect();
+    assert_eq!(units, [("group-0", 1), ("group-1", 1)]);
+    assert!(condition(&plan, "Restarting").message.contains("stallPolicy RestartGroup"));
+    // Once it runs again, a step that still does not move is a new stall, restarted again.
+    let mut job2 = job.clone();
+    job2.status = Some(plan.status.clone());
+    let mut running_again: Vec<Pod> =
+        (0..2).map(|index| pod(&job2, Role::Ps { index }, 0, "Running", true)).collect();
+    for group in 0..2 {
+        for rank in 0..2 {
+            running_again.push(pod(&job2, Role::Worker { group, rank }, 1, "Running", true));
+        }
+    }
+    let plan = look(&job2, &running_again, at(200), None);
+    assert_eq!(plan.status.phase, Some(JobPhase::Running), "{:?}", plan.status.conditions);
+    assert!(!plan.stalled, "the clock restarts when the job runs again");
+    job2.status = Some(plan.status);
+    let plan = look(&job2, &running_again, at(261), None);
+    assert!(plan.stalled && plan.status.restarts == 2);
+}
+
+#[test]
+fn a_stall_with_restart_job_restarts_every_unit_and_max_restarts_ends_the_job() {
+    let (mut job, pods) = running_with_stall(tandem_api::StallPolicy::RestartJob);
+    let plan = look(&job, &pods, at(80), None);
+    assert!(condition(&plan, "Stalled").message.contains("no step was reported"));
+    assert_eq!(plan.delete.len(), pods.len(), "every pod goes");
+    assert_eq!(plan.status.attempts.len(), 4, "ps-0, ps-1, group-0, group-1");
+    job.spec.run_policy.max_restarts = 0;
+    let plan = look(&job, &pods, at(80), None);
+    assert_eq!(plan.status.phase, Some(JobPhase::Failed));
+    assert_eq!(condition(&plan, "Failed").reason, "MaxRestartsExceeded");
+}
+
+#[test]
+fn pending_pods_give_scheduled_false_with_the_schedulers_or_kubelets_reason() {
+    let mut job = fixture("hybrid.yaml");
+    let mut pods = Vec::new();
+    let plan = run(&job, &pods, t0());
+    apply(&mut job, &mut pods, &plan);
+    let message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.";
+    pods[0].status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "PodScheduled".to_owned(),
+        status: "False".to_owned(),
+        reason: Some("Unschedulable".to_owned()),
+        message: Some(message.to_owned()),
+        ..PodCondition::default()
+    }]);
+    let plan = run(&job, &pods, at(5));
+    let scheduled = condition(&plan, "Scheduled");
+    assert_eq!((scheduled.status.as_str(), scheduled.reason.as_str()), ("False", "Unschedulable"));
+    assert!(scheduled.message.contains(message) && scheduled.message.contains(&pods[0].name_any()));
+    assert_ne!(plan.status.phase, Some(JobPhase::Running));
+    assert!(plan.status.conditions.iter().all(|c| c.type_ != "Running" || c.status == "False"));
+    // Bound, but its image cannot be pulled.
+    let status = pods[0].status.as_mut().unwrap();
+    status.conditions = None;
+    status.container_statuses = Some(vec![ContainerStatus {
+        name: names::CONTAINER.to_owned(),
+        state: Some(ContainerState {
+            waiting: Some(k8s_openapi::api::core::v1::ContainerStateWaiting {
+                reason: Some("ImagePullBackOff".to_owned()),
+                message: Some("Back-off pulling image \"tandem:nope\"".to_owned()),
+            }),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    }]);
+    job.status = Some(plan.status);
+    let plan = run(&job, &pods, at(9));
+    let scheduled = condition(&plan, "Scheduled");
+    assert_eq!((scheduled.status.as_str(), scheduled.reason.as_str()), ("False", "ImagePullBackOff"));
+    assert!(scheduled.message.contains("tandem:nope"), "{}", scheduled.message);
+    job.status = Some(plan.status);
+    let plan = run(&job, &all_running(&job), at(20));
+    assert_eq!(condition(&plan, "Scheduled").status, "True");
+    assert_eq!(plan.status.phase, Some(JobPhase::Running));
 }
