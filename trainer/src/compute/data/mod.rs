@@ -21,6 +21,8 @@
 pub mod builtin;
 pub mod csv;
 pub mod idx;
+pub mod images;
+pub mod shards;
 pub mod split;
 pub mod stream;
 pub mod synthetic;
@@ -32,10 +34,12 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 pub use builtin::{
-    DIGITS_FILE, FASHION_MNIST_DIR, MNIST5K_FILE, SHAKESPEARE_FILE, load, load_job, load_path,
+    DIGITS_FILE, FASHION_MNIST_DIR, MNIST5K_FILE, SHAKESPEARE_FILE, load, load_job, load_path, open_job,
 };
 pub use csv::{CsvOptions, MAX_CLASSES, read_csv};
 pub use idx::read_idx;
+pub use images::{ImageFolder, ImageSet};
+pub use shards::{ShardReader, ShardSet};
 pub use split::{Splits, split};
 pub use stream::ShardStream;
 pub use synthetic::synthetic;
@@ -222,4 +226,79 @@ pub trait Source: std::fmt::Debug + Send {
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError>;
     /// Fills `x` and `y` with the next batch and advances the cursor; returns the batch's cursor.
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError>;
+    /// Samples skipped so far because they could not be read (each named in a warning).
+    fn skipped(&self) -> u64 {
+        0
+    }
+}
+
+/// A job's data: the training set (a table in memory, or files read as batches need them) and
+/// the test set, in memory.
+#[derive(Debug)]
+pub struct JobData {
+    /// Training samples.
+    pub train: TrainSet,
+    /// Held-out samples.
+    pub test: Dataset,
+}
+
+impl From<Splits> for JobData {
+    fn from(s: Splits) -> Self {
+        JobData { train: TrainSet::Table(s.train), test: s.test }
+    }
+}
+
+/// Where a job's training samples are: what each rank opens its [`Source`] on.
+#[derive(Debug)]
+pub enum TrainSet {
+    /// A table in memory.
+    Table(Dataset),
+    /// An image folder's files.
+    Images(ImageSet),
+    /// Tar shards.
+    Shards(ShardSet),
+}
+
+impl TrainSet {
+    /// Training samples over all ranks.
+    pub fn samples(&self) -> u64 {
+        match self {
+            TrainSet::Table(d) => d.len() as u64,
+            TrainSet::Images(s) => s.files.len() as u64,
+            TrainSet::Shards(s) => s.total(),
+        }
+    }
+
+    /// Shape of one sample.
+    pub fn shape(&self) -> InputShape {
+        match self {
+            TrainSet::Table(d) => d.shape,
+            TrainSet::Images(s) => s.shape,
+            TrainSet::Shards(s) => s.shape,
+        }
+    }
+
+    /// Number of classes.
+    pub fn classes(&self) -> usize {
+        match self {
+            TrainSet::Table(d) => d.classes,
+            TrainSet::Images(s) => s.classes.len(),
+            TrainSet::Shards(s) => s.classes,
+        }
+    }
+
+    /// Rank `rank` of `world`'s batches of `batch_size`, shuffled by `seed`.
+    pub fn source(
+        self,
+        batch_size: usize,
+        seed: u64,
+        rank: usize,
+        world: usize,
+    ) -> Result<Box<dyn Source>, DataError> {
+        Ok(match self {
+            TrainSet::Table(d) => Box::new(Loader::new(d, batch_size, seed, rank, world)?),
+            TrainSet::Images(s) => Box::new(ImageFolder::new(s, batch_size, seed, rank, world)?),
+            TrainSet::Shards(s) => Box::new(ShardReader::new(s, batch_size, seed, rank, world)?),
+        })
+    }
 }
