@@ -206,9 +206,13 @@ pub struct DataCursor {
 /// of files read as it goes ([`ShardStream`]).
 ///
 /// Guarantees every implementation gives: batches are a pure function of (seed, epoch, rank,
-/// world, batch index), each of `batch size` samples; rank r of w takes the r-th slice of each
-/// global batch of w × batch samples, so p ranks step like one process with the p× batch; and
-/// after [`Source::seek`] to a [`Source::cursor`] the batches continue exactly as they would have.
+/// world, batch index), each of `batch size` samples, and a sample is used at most once per epoch
+/// by exactly one rank; after [`Source::seek`] to a [`Source::cursor`] the batches continue as
+/// they would have. Tables, CSV streams and image folders also give batch equivalence: rank r of
+/// w takes the r-th slice of each global batch of w × batch samples, so p ranks step like one
+/// process with the p× batch. Tar shards ([`ShardReader`]) give each rank a contiguous run of the
+/// epoch's sequence instead, so that a rank reads only its own shards; a resumed shard stream
+/// counts its way to its batch, so an unreadable sample before it shifts it by one.
 pub trait Source: std::fmt::Debug + Send {
     /// Where the samples come from, for messages.
     fn name(&self) -> &str;
