@@ -366,18 +366,7 @@ impl ImageFolder {
         rank: usize,
         world: usize,
     ) -> Result<Self, DataError> {
-        if world == 0 || rank >= world {
-            return Err(DataError::Config(format!("rank {rank} is not in a world of {world}")));
-        }
-        let per_rank = set.files.len() / world;
-        if batch_size == 0 || per_rank < batch_size {
-            return Err(DataError::Config(format!(
-                "{}: {} training images over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
-                 {batch_size}; lower data.batchSize",
-                set.name,
-                set.files.len()
-            )));
-        }
+        super::check_batches(&set.name, set.files.len() as u64, batch_size, rank, world)?;
         let skipped = set.skipped;
         Ok(Self {
             set,
@@ -443,13 +432,7 @@ impl Source for ImageFolder {
     }
 
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError> {
-        if cursor.batch >= self.batches_per_epoch() {
-            return Err(DataError::Config(format!(
-                "data cursor batch {} is past the {} batches of an epoch: the checkpoint was written for other data",
-                cursor.batch,
-                self.batches_per_epoch()
-            )));
-        }
+        super::check_seek(cursor, self.batches_per_epoch())?;
         self.cursor = cursor;
         Ok(())
     }
@@ -493,11 +476,7 @@ impl Source for ImageFolder {
                 )));
             }
         }
-        self.cursor = if at.batch + 1 == self.batches_per_epoch() {
-            DataCursor { epoch: at.epoch + 1, batch: 0 }
-        } else {
-            DataCursor { epoch: at.epoch, batch: at.batch + 1 }
-        };
+        self.cursor = super::after(at, self.batches_per_epoch());
         Ok(at)
     }
 }

@@ -306,3 +306,45 @@ impl TrainSet {
         })
     }
 }
+
+/// Refuses a rank outside the world, or fewer than one batch of `batch` per rank of `samples`
+/// (what every [`Source`] checks when it opens).
+pub(crate) fn check_batches(
+    name: &str,
+    samples: u64,
+    batch: usize,
+    rank: usize,
+    world: usize,
+) -> Result<(), DataError> {
+    if world == 0 || rank >= world {
+        return Err(DataError::Config(format!("rank {rank} is not in a world of {world}")));
+    }
+    let per_rank = samples / world as u64;
+    if batch == 0 || per_rank < batch as u64 {
+        return Err(DataError::Config(format!(
+            "{name}: {samples} training samples over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
+             {batch}; lower data.batchSize"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a cursor past the `batches` of an epoch.
+pub(crate) fn check_seek(cursor: DataCursor, batches: u64) -> Result<(), DataError> {
+    if cursor.batch >= batches {
+        return Err(DataError::Config(format!(
+            "data cursor batch {} is past the {batches} batches of an epoch: the checkpoint was written for other data",
+            cursor.batch
+        )));
+    }
+    Ok(())
+}
+
+/// The cursor after `at` in epochs of `batches` batches.
+pub(crate) fn after(at: DataCursor, batches: u64) -> DataCursor {
+    if at.batch + 1 == batches {
+        DataCursor { epoch: at.epoch + 1, batch: 0 }
+    } else {
+        DataCursor { epoch: at.epoch, batch: at.batch + 1 }
+    }
+}

@@ -403,18 +403,7 @@ impl ShardReader {
         rank: usize,
         world: usize,
     ) -> Result<Self, DataError> {
-        if world == 0 || rank >= world {
-            return Err(DataError::Config(format!("rank {rank} is not in a world of {world}")));
-        }
-        let per_rank = set.total() / world as u64;
-        if batch_size == 0 || per_rank < batch_size as u64 {
-            return Err(DataError::Config(format!(
-                "{}: {} training samples over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
-                 {batch_size}; lower data.batchSize",
-                set.name,
-                set.total()
-            )));
-        }
+        super::check_batches(&set.name, set.total(), batch_size, rank, world)?;
         let skipped = Arc::new(AtomicU64::new(set.skipped));
         Ok(Self {
             set: Arc::new(set),
@@ -582,13 +571,7 @@ impl Source for ShardReader {
     }
 
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError> {
-        if cursor.batch >= self.batches_per_epoch() {
-            return Err(DataError::Config(format!(
-                "data cursor batch {} is past the {} batches of an epoch: the checkpoint was written for other data",
-                cursor.batch,
-                self.batches_per_epoch()
-            )));
-        }
+        super::check_seek(cursor, self.batches_per_epoch())?;
         self.cursor = cursor;
         self.queue = None;
         Ok(())
@@ -626,11 +609,7 @@ impl Source for ShardReader {
                 }
             }
         }
-        self.cursor = if last {
-            DataCursor { epoch: at.epoch + 1, batch: 0 }
-        } else {
-            DataCursor { epoch: at.epoch, batch: at.batch + 1 }
-        };
+        self.cursor = super::after(at, self.batches_per_epoch());
         Ok(at)
     }
 }
