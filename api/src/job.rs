@@ -62,6 +62,9 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("self.model.kind != 'gpt' || self.data.source == 'shakespeare' || self.data.source == 'synthetic'").message("model kind gpt is a language model: use data.source shakespeare (characters of a text) or synthetic (random tokens)"))]
 #[x_kube(validation = Rule::new("self.model.kind == 'gpt' || self.data.source != 'shakespeare'").message("data.source shakespeare is a text: train it with model.kind gpt"))]
 #[x_kube(validation = Rule::new("self.data.source != 'path' || (has(self.data.path) && self.data.path != '')").message("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read"))]
+#[x_kube(validation = Rule::new("!(self.data.source == 'images' || self.data.source == 'shards') || (has(self.data.path) && self.data.path != '')").message("data.source images and shards need data.path: the image folder (<path>/<class>/<file>.png|jpg), or the tar shards (a folder of .tar files or a pattern such as /data/train-{000..009}.tar)"))]
+#[x_kube(validation = Rule::new("self.data.source != 'shards' || (has(self.data.testPath) && self.data.testPath != '')").message("data.source shards needs data.testPath: the test set's tar shards (a folder or a brace pattern; `tandem data pack` writes them as test-*.tar)"))]
+#[x_kube(validation = Rule::new("(self.data.source == 'images' || self.data.source == 'shards') || !(has(self.data.testPath) || has(self.data.imageSize))").message("data.testPath and data.imageSize apply to data.source images and shards: remove them, or change data.source"))]
 #[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
 #[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
 #[x_kube(validation = Rule::new("self.workers.maxGroups * self.workers.groupSize <= 4096").message("workers.maxGroups × workers.groupSize is the most worker pods the job may run and must not exceed 4096; lower workers.maxGroups (and workers.groups) or workers.groupSize"))]
@@ -274,12 +277,26 @@ pub struct DataSpec {
     /// `mnist5k` (5,000 MNIST digits, 28×28), `digits` (1,797 scikit-learn digits, 8×8),
     /// `fashion-mnist` (Zalando's 70,000 clothing images, 28×28, 10 classes), `shakespeare` (the
     /// works of Shakespeare as characters, for `model.kind: gpt`), `synthetic` (seeded, for
-    /// benchmarks) or `path` (an IDX or CSV file at `path`).
+    /// benchmarks), `path` (an IDX or CSV file at `path`), `images` (an image folder at `path`)
+    /// or `shards` (WebDataset tar shards at `path`).
     #[serde(default)]
     pub source: DataSource,
-    /// File or folder read when `source` is `path`: IDX pairs or a CSV with a label column.
+    /// File or folder read when `source` is `path` (IDX pairs or a CSV with a label column),
+    /// `images` (the image folder) or `shards` (a folder of `.tar` files or a brace pattern such
+    /// as `/data/train-{000..099}.tar`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// The test set of `images` (an image folder) or `shards` (tar shards, required there). An
+    /// image folder without it holds out its `test/` or `val/` subfolder beside `train/`, or else a
+    /// fixed fifth of its files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_path: Option<String>,
+    /// Height and width every image of `images` or `shards` is resized to; needed when the
+    /// images differ in size (default: the images' own size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2))]
+    #[x_kube(validation = Rule::new("self.all(v, v >= 1 && v <= 4096)").message("data.imageSize needs two values in [1, 4096]: height and width"))]
+    pub image_size: Option<Vec<u32>>,
     /// Zero-based CSV column holding the label; the other columns are features.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_column: Option<u32>,
@@ -308,6 +325,8 @@ impl Default for DataSpec {
         Self {
             source: DataSource::default(),
             path: None,
+            test_path: None,
+            image_size: None,
             label_column: None,
             batch_size: default_batch_size(),
             synthetic_samples: None,
@@ -340,6 +359,11 @@ pub enum DataSource {
     Synthetic,
     /// A user-supplied IDX or CSV file.
     Path,
+    /// An image folder (`<path>/<class>/<file>.jpg|jpeg|png`, classes sorted by name), decoded as
+    /// batches need the files.
+    Images,
+    /// WebDataset tar shards (`<key>.jpg|png` with `<key>.cls`), read in sequence.
+    Shards,
 }
 
 /// The optimisation to run.

@@ -19,6 +19,9 @@ struct Cli {
 enum Command {
     /// Train a TrainingJob manifest on this machine, no cluster needed.
     Train(cli::train::Args),
+    /// Prepare and check data sets: pack an image folder into tar shards, inspect a data set.
+    #[command(subcommand)]
+    Data(cli::data::Data),
     /// Benchmarks of Tandem's building blocks.
     #[command(subcommand)]
     Bench(cli::bench::Bench),
@@ -37,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => cli::train::run(args),
+        Command::Data(cmd) => cli::data::run(cmd),
         Command::Bench(bench) => cli::bench::run(bench),
         Command::Ps(args) => cli::ps::run(args),
         Command::Worker(args) => cli::worker::run(args),

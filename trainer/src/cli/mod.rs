@@ -1,6 +1,7 @@
 //! Subcommands of the `tandem` binary; each module parses its arguments and calls the library.
 
 pub mod bench;
+pub mod data;
 pub mod launcher;
 pub mod ps;
 pub mod report;
@@ -58,8 +59,13 @@ pub fn termination_message(message: &str) {
 
 /// Logs to stderr at `info` (or `RUST_LOG`), coloured only on a terminal.
 pub fn init_logging() {
+    init_logging_at("info");
+}
+
+/// Logs to stderr at `level` (or `RUST_LOG`), coloured only on a terminal.
+pub fn init_logging_at(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second initialisation (tests calling in-process) keeps the first subscriber.
     let _ = tracing_subscriber::fmt()

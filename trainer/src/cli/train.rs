@@ -62,6 +62,8 @@ pub struct Args {
 
 /// Runs `tandem train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Warnings only (a skipped corrupt image, say): the display shows the progress.
+    super::init_logging_at("warn");
     let text =
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     // The CRD's own schema and CEL rules: refused here exactly when `kubectl apply` would refuse it.
@@ -83,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let out_dir = args.output_dir.clone().unwrap_or_else(|| PathBuf::from("out").join(&name));
     tandem::runner::check_output(&out_dir, args.resume)?;
     let device = args.device.select()?;
-    let data = data::load_job(spec, &args.data_dir)?;
+    let data = data::open_job(spec, &args.data_dir)?;
     let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
     let ckpt_dir = out_dir.join("checkpoints");

@@ -26,7 +26,7 @@ use tandem_api::TrainingJobSpec;
 use tandem_api::contract::GroupReport;
 
 use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
-use crate::compute::data::{DataCursor, DataError, Dataset, Loader, Source, Splits};
+use crate::compute::data::{DataCursor, DataError, Dataset, JobData, Source};
 use crate::compute::device::Device;
 use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
 use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
@@ -291,16 +291,16 @@ impl Trainer {
     /// A trainer for `spec` on `data`, as rank `rank` of `world` data-parallel ranks.
     pub fn new(
         spec: &TrainingJobSpec,
-        data: Splits,
+        data: impl Into<JobData>,
         device: &Device,
         rank: usize,
         world: usize,
     ) -> Result<Self, TrainError> {
-        let Splits { train, test } = data;
-        let classes = train.classes.max(test.classes);
-        let model = model::build(&spec.model, train.shape, classes, spec.training.seed, device)?;
-        let loader = Loader::new(train, spec.data.batch_size as usize, spec.training.seed, rank, world)?;
-        Self::with_parts(spec, model, Box::new(loader), test, world)
+        let JobData { train, test } = data.into();
+        let classes = train.classes().max(test.classes);
+        let model = model::build(&spec.model, train.shape(), classes, spec.training.seed, device)?;
+        let loader = train.source(spec.data.batch_size as usize, spec.training.seed, rank, world)?;
+        Self::with_parts(spec, model, loader, test, world)
     }
 
     /// A trainer for `spec` with its parts given: the model, this rank's training batches and

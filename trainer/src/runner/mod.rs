@@ -602,7 +602,7 @@ fn supervise(
 /// The model for the final evaluation; loading the data now fails early when it is missing.
 fn final_model(opts: &Options) -> Result<Trainer, RunnerError> {
     let spec = &opts.spec;
-    let data = crate::compute::data::load_job(spec, &opts.data_dir)
+    let data = crate::compute::data::open_job(spec, &opts.data_dir)
         .map_err(|e| RunnerError::Config(e.to_string()))?;
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))

@@ -189,11 +189,11 @@ pub fn run<C: Communicator>(
     check_place(job, place, &comm)?;
     let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
-    let data = crate::compute::data::load_job(spec, data_dir).map_err(TrainError::from)?;
+    let data = crate::compute::data::open_job(spec, data_dir).map_err(TrainError::from)?;
     // The job's facts, decided once: what the servers do and how long the run is. The servers'
     // schedule spans the plan's step count, which the hello tells them.
     let plan =
-        JobPlan::resolve(spec, data.train.len() as u64).map_err(|e| WorkerError::Config(e.to_string()))?;
+        JobPlan::resolve(spec, data.train.samples()).map_err(|e| WorkerError::Config(e.to_string()))?;
     let mut trainer = Trainer::new(spec, data, device, global, world)?;
     if trainer.total_steps() != plan.total_steps {
         return Err(WorkerError::Config(format!(

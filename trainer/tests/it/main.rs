@@ -21,6 +21,7 @@ mod comm_tcp;
 mod data;
 mod engine;
 mod flat;
+mod image_data;
 mod launcher;
 mod models;
 mod optim;

@@ -15,7 +15,12 @@ use super::idx::read_idx;
 use super::split::{Splits, split};
 use super::synthetic::{synthetic, synthetic_tokens};
 use super::text::{BYTE_VOCAB, read_bytes, split_text};
-use super::{DataError, InputShape};
+use super::{DataError, InputShape, JobData, ShardSet, TrainSet, images};
+
+/// The (height, width) of `shape`.
+fn shape_size(shape: InputShape) -> (u32, u32) {
+    (shape.height as u32, shape.width as u32)
+}
 
 /// File of the MNIST-5k built-in set inside the data folder.
 pub const MNIST5K_FILE: &str = "mnist_5k.csv.gz";
@@ -26,6 +31,34 @@ pub const DIGITS_FILE: &str = "digits.csv.gz";
 pub const FASHION_MNIST_DIR: &str = "fashion-mnist";
 /// File of Shakespeare's works (plain ASCII text) inside the data folder.
 pub const SHAKESPEARE_FILE: &str = "shakespeare.txt";
+
+/// Opens the data of the job `spec`: an image folder's files (`source: images`), read as
+/// batches need them, with its test set decoded; every other source as [`load_job`] loads it.
+pub fn open_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<JobData, DataError> {
+    let data = &spec.data;
+    let size = match data.image_size.as_deref() {
+        Some(&[h, w]) => Some((h, w)),
+        _ => None,
+    };
+    let test_path = data.test_path.as_deref().map(Path::new);
+    match data.source {
+        DataSource::Images => {
+            let path = Path::new(data.path.as_deref().unwrap_or_default());
+            let folder = images::open(path, test_path, images::Sizing::of(size))?;
+            let test = images::decode_all(&folder.test);
+            Ok(JobData { train: TrainSet::Images(folder.train), test })
+        }
+        DataSource::Shards => {
+            let train = ShardSet::open(data.path.as_deref().unwrap_or_default(), size)?;
+            let mut test_set =
+                ShardSet::open(data.test_path.as_deref().unwrap_or_default(), Some(shape_size(train.shape)))?;
+            test_set.shape = train.shape;
+            let test = test_set.decode_all(train.classes)?;
+            Ok(JobData { train: TrainSet::Shards(train), test })
+        }
+        _ => Ok(load_job(spec, data_dir)?.into()),
+    }
+}
 
 /// Loads the training and test sets of the job `spec`: [`load`]'s for a classifier; for a
 /// language model (`model.kind: gpt`) the windows of `model.context` tokens of its text (or of
@@ -85,6 +118,10 @@ pub fn load(spec: &DataSpec, data_dir: &Path, seed: u64) -> Result<Splits, DataE
             let data = synthetic(n, shape, spec.synthetic_classes.unwrap_or(10) as usize, seed);
             split(&data, (n / 5).max(1))
         }
+        DataSource::Images | DataSource::Shards => Err(DataError::Config(format!(
+            "data.source {:?} is read as batches need it: open it with open_job",
+            spec.source
+        ))),
         DataSource::Path => {
             let path = PathBuf::from(spec.path.as_deref().unwrap_or_default());
             load_path(&path, label_column)

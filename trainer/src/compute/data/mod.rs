@@ -21,6 +21,8 @@
 pub mod builtin;
 pub mod csv;
 pub mod idx;
+pub mod images;
+pub mod shards;
 pub mod split;
 pub mod stream;
 pub mod synthetic;
@@ -32,10 +34,12 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 pub use builtin::{
-    DIGITS_FILE, FASHION_MNIST_DIR, MNIST5K_FILE, SHAKESPEARE_FILE, load, load_job, load_path,
+    DIGITS_FILE, FASHION_MNIST_DIR, MNIST5K_FILE, SHAKESPEARE_FILE, load, load_job, load_path, open_job,
 };
 pub use csv::{CsvOptions, MAX_CLASSES, read_csv};
 pub use idx::read_idx;
+pub use images::{ImageFolder, ImageSet};
+pub use shards::{ShardReader, ShardSet};
 pub use split::{Splits, split};
 pub use stream::ShardStream;
 pub use synthetic::synthetic;
@@ -202,9 +206,13 @@ pub struct DataCursor {
 /// of files read as it goes ([`ShardStream`]).
 ///
 /// Guarantees every implementation gives: batches are a pure function of (seed, epoch, rank,
-/// world, batch index), each of `batch size` samples; rank r of w takes the r-th slice of each
-/// global batch of w × batch samples, so p ranks step like one process with the p× batch; and
-/// after [`Source::seek`] to a [`Source::cursor`] the batches continue exactly as they would have.
+/// world, batch index), each of `batch size` samples, and a sample is used at most once per epoch
+/// by exactly one rank; after [`Source::seek`] to a [`Source::cursor`] the batches continue as
+/// they would have. Tables, CSV streams and image folders also give batch equivalence: rank r of
+/// w takes the r-th slice of each global batch of w × batch samples, so p ranks step like one
+/// process with the p× batch. Tar shards ([`ShardReader`]) give each rank a contiguous run of the
+/// epoch's sequence instead, so that a rank reads only its own shards; a resumed shard stream
+/// counts its way to its batch, so an unreadable sample before it shifts it by one.
 pub trait Source: std::fmt::Debug + Send {
     /// Where the samples come from, for messages.
     fn name(&self) -> &str;
@@ -222,4 +230,121 @@ pub trait Source: std::fmt::Debug + Send {
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError>;
     /// Fills `x` and `y` with the next batch and advances the cursor; returns the batch's cursor.
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError>;
+    /// Samples skipped so far because they could not be read (each named in a warning).
+    fn skipped(&self) -> u64 {
+        0
+    }
+}
+
+/// A job's data: the training set (a table in memory, or files read as batches need them) and
+/// the test set, in memory.
+#[derive(Debug)]
+pub struct JobData {
+    /// Training samples.
+    pub train: TrainSet,
+    /// Held-out samples.
+    pub test: Dataset,
+}
+
+impl From<Splits> for JobData {
+    fn from(s: Splits) -> Self {
+        JobData { train: TrainSet::Table(s.train), test: s.test }
+    }
+}
+
+/// Where a job's training samples are: what each rank opens its [`Source`] on.
+#[derive(Debug)]
+pub enum TrainSet {
+    /// A table in memory.
+    Table(Dataset),
+    /// An image folder's files.
+    Images(ImageSet),
+    /// Tar shards.
+    Shards(ShardSet),
+}
+
+impl TrainSet {
+    /// Training samples over all ranks.
+    pub fn samples(&self) -> u64 {
+        match self {
+            TrainSet::Table(d) => d.len() as u64,
+            TrainSet::Images(s) => s.files.len() as u64,
+            TrainSet::Shards(s) => s.total(),
+        }
+    }
+
+    /// Shape of one sample.
+    pub fn shape(&self) -> InputShape {
+        match self {
+            TrainSet::Table(d) => d.shape,
+            TrainSet::Images(s) => s.shape,
+            TrainSet::Shards(s) => s.shape,
+        }
+    }
+
+    /// Number of classes.
+    pub fn classes(&self) -> usize {
+        match self {
+            TrainSet::Table(d) => d.classes,
+            TrainSet::Images(s) => s.classes.len(),
+            TrainSet::Shards(s) => s.classes,
+        }
+    }
+
+    /// Rank `rank` of `world`'s batches of `batch_size`, shuffled by `seed`.
+    pub fn source(
+        self,
+        batch_size: usize,
+        seed: u64,
+        rank: usize,
+        world: usize,
+    ) -> Result<Box<dyn Source>, DataError> {
+        Ok(match self {
+            TrainSet::Table(d) => Box::new(Loader::new(d, batch_size, seed, rank, world)?),
+            TrainSet::Images(s) => Box::new(ImageFolder::new(s, batch_size, seed, rank, world)?),
+            TrainSet::Shards(s) => Box::new(ShardReader::new(s, batch_size, seed, rank, world)?),
+        })
+    }
+}
+
+/// Refuses a rank outside the world, or fewer than one batch of `batch` per rank of `samples`
+/// (what every [`Source`] checks when it opens).
+pub(crate) fn check_batches(
+    name: &str,
+    samples: u64,
+    batch: usize,
+    rank: usize,
+    world: usize,
+) -> Result<(), DataError> {
+    if world == 0 || rank >= world {
+        return Err(DataError::Config(format!("rank {rank} is not in a world of {world}")));
+    }
+    let per_rank = samples / world as u64;
+    if batch == 0 || per_rank < batch as u64 {
+        return Err(DataError::Config(format!(
+            "{name}: {samples} training samples over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
+             {batch}; lower data.batchSize"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a cursor past the `batches` of an epoch.
+pub(crate) fn check_seek(cursor: DataCursor, batches: u64) -> Result<(), DataError> {
+    if cursor.batch >= batches {
+        return Err(DataError::Config(format!(
+            "data cursor batch {} is past the {batches} batches of an epoch: the checkpoint was written for other data",
+            cursor.batch
+        )));
+    }
+    Ok(())
+}
+
+/// The cursor after `at` in epochs of `batches` batches.
+pub(crate) fn after(at: DataCursor, batches: u64) -> DataCursor {
+    if at.batch + 1 == batches {
+        DataCursor { epoch: at.epoch + 1, batch: 0 }
+    } else {
+        DataCursor { epoch: at.epoch, batch: at.batch + 1 }
+    }
 }

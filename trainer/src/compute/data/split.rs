@@ -27,8 +27,14 @@ pub fn split(data: &Dataset, test: usize) -> Result<Splits, DataError> {
             data.len()
         )));
     }
-    let mut order: Vec<u32> = (0..data.len() as u32).collect();
+    let (train, test) = held_out(data.len(), test);
+    Ok(Splits { train: data.select(&train), test: data.select(&test) })
+}
+
+/// The fixed split of `0..len` into `len − test` training and `test` held-out indices.
+pub(crate) fn held_out(len: usize, test: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut order: Vec<u32> = (0..len as u32).collect();
     Rng::new(SPLIT_SEED).shuffle(&mut order);
-    let (train, test) = order.split_at(data.len() - test);
-    Ok(Splits { train: data.select(train), test: data.select(test) })
+    let test = order.split_off(len - test.min(len));
+    (order, test)
 }

@@ -82,19 +82,7 @@ impl Loader {
     /// its part of each global batch, in batch order (what [`Loader::next_batch`] serves), then its
     /// share of the samples that do not fill a global batch (unused that epoch).
     pub fn epoch_indices(&self, epoch: u64) -> Vec<u32> {
-        let mut order: Vec<u32> = (0..self.data.len() as u32).collect();
-        Rng::derive(self.seed, 0xe90c ^ epoch.wrapping_mul(0x9E37_79B9)).shuffle(&mut order);
-        let (b, w, r) = (self.batch_size, self.world, self.rank);
-        let batches = self.batches_per_epoch() as usize;
-        let per_rank = self.data.len() / w;
-        let mut mine = Vec::with_capacity(per_rank);
-        for j in 0..batches {
-            let start = (j * w + r) * b;
-            mine.extend_from_slice(&order[start..start + b]);
-        }
-        let (rest, tail) = (batches * w * b, per_rank - batches * b);
-        mine.extend_from_slice(&order[rest + r * tail..rest + (r + 1) * tail]);
-        mine
+        rank_indices(self.data.len(), self.batch_size, self.seed, epoch, self.rank, self.world)
     }
 
     /// Fills `x` and `y` with the next batch and advances the cursor; returns the batch's cursor.
@@ -152,4 +140,31 @@ impl Source for Loader {
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError> {
         Ok(Loader::next_batch(self, x, y))
     }
+}
+
+/// Rank `rank` of `world`'s `len / world` indices of `0..len` for `epoch`, disjoint from every
+/// other rank's: the epoch's permutation (drawn from `seed` and `epoch`) is cut into global
+/// batches of `world × batch`, of which this rank takes the `rank`-th slice, in batch order; then
+/// its share of the indices that do not fill a global batch (unused that epoch).
+pub(crate) fn rank_indices(
+    len: usize,
+    batch: usize,
+    seed: u64,
+    epoch: u64,
+    rank: usize,
+    world: usize,
+) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..len as u32).collect();
+    Rng::derive(seed, 0xe90c ^ epoch.wrapping_mul(0x9E37_79B9)).shuffle(&mut order);
+    let (b, w, r) = (batch.max(1), world.max(1), rank);
+    let per_rank = len / w;
+    let batches = per_rank / b;
+    let mut mine = Vec::with_capacity(per_rank);
+    for j in 0..batches {
+        let start = (j * w + r) * b;
+        mine.extend_from_slice(&order[start..start + b]);
+    }
+    let (rest, tail) = (batches * w * b, per_rank - batches * b);
+    mine.extend_from_slice(&order[rest + r * tail..rest + (r + 1) * tail]);
+    mine
 }
