@@ -121,22 +121,31 @@ impl Conv2d {
 /// (`BLOCK × cin·kh·kw`) stay in L2 while its `[k × cout]` side is written `BLOCK` values at a time.
 const BLOCK: usize = 16;
 
-/// PyTorch's `[cout, cin, kh, kw]` weights `w` as `wt = [k × cout]` in tap order (the forward GEMM's B).
-fn weights_to_taps_by_cout(spec: &ConvSpec, w: &[f32], wt: &mut [f32]) {
+/// Walks the weights in blocks of [`BLOCK`] output channels, calling `f(t, i, co0..co1)` for each
+/// tap `t = (ky, kx, ci)` of the block, where `i` is the tap's offset within a PyTorch row
+/// (`ci·kh·kw + ky·kw + kx`): weight `(co, t)` is at `t·cout + co` in tap order and at `co·k + i`
+/// in PyTorch's order.
+fn for_each_tap_block(spec: &ConvSpec, mut f: impl FnMut(usize, usize, std::ops::Range<usize>)) {
     let ConvSpec { cin, cout, kh, kw, .. } = *spec;
     let khkw = kh * kw;
-    let k = khkw * cin;
     for co0 in (0..cout).step_by(BLOCK) {
         let co1 = (co0 + BLOCK).min(cout);
         for kyx in 0..khkw {
             for ci in 0..cin {
-                let (t, src) = (kyx * cin + ci, ci * khkw + kyx);
-                for (c, d) in wt[t * cout + co0..t * cout + co1].iter_mut().enumerate() {
-                    *d = w[(co0 + c) * k + src];
-                }
+                f(kyx * cin + ci, ci * khkw + kyx, co0..co1);
             }
         }
     }
+}
+
+/// PyTorch's `[cout, cin, kh, kw]` weights `w` as `wt = [k × cout]` in tap order (the forward GEMM's B).
+fn weights_to_taps_by_cout(spec: &ConvSpec, w: &[f32], wt: &mut [f32]) {
+    let (cout, k) = (spec.cout, spec.kh * spec.kw * spec.cin);
+    for_each_tap_block(spec, |t, i, cos| {
+        for co in cos {
+            wt[t * cout + co] = w[co * k + i];
+        }
+    });
 }
 
 /// PyTorch's weights `w` as `wk = [cout × k]` in tap order (the input-gradient GEMM's B): each output
@@ -157,24 +166,12 @@ fn weights_to_taps_by_row(spec: &ConvSpec, w: &[f32], wk: &mut [f32]) {
 /// The threads' weight-gradient partials (`[k × cout]` in tap order each) summed in thread order
 /// into PyTorch's layout `gw`.
 fn taps_to_weights(spec: &ConvSpec, parts: &[Vec<f32>], gw: &mut [f32]) {
-    let ConvSpec { cin, cout, kh, kw, .. } = *spec;
-    let khkw = kh * kw;
-    let k = khkw * cin;
-    for co0 in (0..cout).step_by(BLOCK) {
-        let co1 = (co0 + BLOCK).min(cout);
-        for kyx in 0..khkw {
-            for ci in 0..cin {
-                let (t, dst) = (kyx * cin + ci, ci * khkw + kyx);
-                for co in co0..co1 {
-                    let mut s = 0.0;
-                    for part in parts {
-                        s += part[t * cout + co];
-                    }
-                    gw[co * k + dst] = s;
-                }
-            }
+    let (cout, k) = (spec.cout, spec.kh * spec.kw * spec.cin);
+    for_each_tap_block(spec, |t, i, cos| {
+        for co in cos {
+            gw[co * k + i] = parts.iter().map(|part| part[t * cout + co]).sum();
         }
-    }
+    });
 }
 
 crate::simd::multiversion! {
