@@ -100,15 +100,7 @@ impl ShardStream {
             order: Vec::new(),
             reader: None,
         };
-        let per_rank = stream.samples() / world as u64;
-        if batch_size == 0 || per_rank < batch_size as u64 {
-            return Err(DataError::Config(format!(
-                "{}: {} training samples over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
-                 {batch_size}; lower data.batchSize",
-                stream.name,
-                stream.samples()
-            )));
-        }
+        super::check_batches(&stream.name, stream.samples(), batch_size, rank, world)?;
         Ok(stream)
     }
 
@@ -210,13 +202,7 @@ impl Source for ShardStream {
     }
 
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError> {
-        if cursor.batch >= self.batches_per_epoch() {
-            return Err(DataError::Config(format!(
-                "data cursor batch {} is past the {} batches of an epoch: the checkpoint was written for other data",
-                cursor.batch,
-                self.batches_per_epoch()
-            )));
-        }
+        super::check_seek(cursor, self.batches_per_epoch())?;
         self.cursor = cursor;
         Ok(())
     }
@@ -230,11 +216,7 @@ impl Source for ShardStream {
         for position in start..start + b {
             self.read_row(at.epoch, position, x, y)?;
         }
-        self.cursor = if at.batch + 1 == self.batches_per_epoch() {
-            DataCursor { epoch: at.epoch + 1, batch: 0 }
-        } else {
-            DataCursor { epoch: at.epoch, batch: at.batch + 1 }
-        };
+        self.cursor = super::after(at, self.batches_per_epoch());
         Ok(at)
     }
 }

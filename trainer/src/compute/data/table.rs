@@ -26,18 +26,7 @@ impl Loader {
         rank: usize,
         world: usize,
     ) -> Result<Self, DataError> {
-        if world == 0 || rank >= world {
-            return Err(DataError::Config(format!("rank {rank} is not in a world of {world}")));
-        }
-        let per_rank = data.len() / world;
-        if batch_size == 0 || per_rank < batch_size {
-            return Err(DataError::Config(format!(
-                "{}: {} training samples over {world} rank(s) give {per_rank} per rank, fewer than one batch of \
-                 {batch_size}; lower data.batchSize",
-                data.name,
-                data.len()
-            )));
-        }
+        super::check_batches(&data.name, data.len() as u64, batch_size, rank, world)?;
         Ok(Self {
             data,
             batch_size,
@@ -67,13 +56,7 @@ impl Loader {
 
     /// Continues from `cursor` (from a checkpoint).
     pub fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError> {
-        if cursor.batch >= self.batches_per_epoch() {
-            return Err(DataError::Config(format!(
-                "data cursor batch {} is past the {} batches of an epoch: the checkpoint was written for other data",
-                cursor.batch,
-                self.batches_per_epoch()
-            )));
-        }
+        super::check_seek(cursor, self.batches_per_epoch())?;
         self.cursor = cursor;
         Ok(())
     }
@@ -99,11 +82,7 @@ impl Loader {
             x.extend_from_slice(self.data.sample(i as usize));
             y.extend_from_slice(self.data.targets(i as usize));
         }
-        self.cursor = if at.batch + 1 == self.batches_per_epoch() {
-            DataCursor { epoch: at.epoch + 1, batch: 0 }
-        } else {
-            DataCursor { epoch: at.epoch, batch: at.batch + 1 }
-        };
+        self.cursor = super::after(at, self.batches_per_epoch());
         at
     }
 }
