@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::ps_common::Job;
-use tandem_api::contract::{self, Endpoint, LaunchEnv, Role};
+use tandem_api::contract::{self, Endpoint, Role};
 
 /// A deadline far below the 120-s default, and how long a test waits before calling it a hang.
 const PEER_TIMEOUT: &str = "3";
@@ -36,14 +36,7 @@ fn tcp_job(peers: Vec<Endpoint>) -> Job {
 
 /// Runs rank `rank` of `job`'s group to its exit, failing the test if it outlives [`HANG`].
 fn run_rank(job: &Job, rank: u32) -> (Output, String) {
-    let env = LaunchEnv {
-        role: Role::Worker { group: 0, rank },
-        config: job.dir.path().join("job.json"),
-        token_file: job.dir.path().join("token"),
-        bind: "127.0.0.1".into(),
-        output: job.output(),
-        attempt: 0,
-    };
+    let env = job.launch(Role::Worker { group: 0, rank }, 0);
     let termination = job.dir.path().join(format!("termination-{rank}"));
     let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args(["worker", "--device", "cpu"])
@@ -122,14 +115,7 @@ fn launch(dir: &Path, hosts: &[&str], port: u16) -> (Output, String) {
     let hostfile = dir.join("hostfile");
     let lines: String = hosts.iter().map(|h| format!("{h} slots=1\n")).collect();
     std::fs::write(&hostfile, format!("# the group's workers\n{lines}")).unwrap();
-    let env = LaunchEnv {
-        role: Role::Launcher { group: 0 },
-        config: job.dir.path().join("job.json"),
-        token_file: job.dir.path().join("token"),
-        bind: "127.0.0.1".into(),
-        output: job.output(),
-        attempt: 0,
-    };
+    let env = job.launch(Role::Launcher { group: 0 }, 0);
     let termination = dir.join("termination");
     let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .arg("launcher")

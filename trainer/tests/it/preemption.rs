@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::ps_common::{Job, eventually};
 use tandem::compute::checkpoint::{self, Checkpoint};
-use tandem_api::contract::{self, Endpoint, LaunchEnv, Role};
+use tandem_api::contract::{self, Endpoint, Role};
 
 const STEPS: u64 = 3000;
 
@@ -49,14 +49,7 @@ struct Worker {
 
 impl Worker {
     fn spawn(job: &Job, rank: u32, attempt: u32) -> Self {
-        let env = LaunchEnv {
-            role: Role::Worker { group: 0, rank },
-            config: job.dir.path().join("job.json"),
-            token_file: job.dir.path().join("token"),
-            bind: "127.0.0.1".into(),
-            output: job.output(),
-            attempt,
-        };
+        let env = job.launch(Role::Worker { group: 0, rank }, attempt);
         let log = job.dir.path().join(format!("worker-0-{rank}.{attempt}.log"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["worker", "--device", "cpu"])

@@ -59,16 +59,21 @@ impl Job {
         self.dir.path().join("out")
     }
 
-    /// The launch contract of PS shard `index` of this job, bound to 127.0.0.1.
-    pub fn ps_launch(&self, index: u32) -> LaunchEnv {
+    /// The launch contract of `role` in attempt `attempt` of this job, bound to 127.0.0.1.
+    pub fn launch(&self, role: Role, attempt: u32) -> LaunchEnv {
         LaunchEnv {
-            role: Role::Ps { index },
+            role,
             config: self.dir.path().join("job.json"),
             token_file: self.dir.path().join("token"),
             bind: "127.0.0.1".into(),
             output: self.output(),
-            attempt: 0,
+            attempt,
         }
+    }
+
+    /// The launch contract of PS shard `index` of this job, bound to 127.0.0.1.
+    pub fn ps_launch(&self, index: u32) -> LaunchEnv {
+        self.launch(Role::Ps { index }, 0)
     }
 
     /// Starts `tandem ps` for shard `index` on `port` (0: any) and waits until it listens.
@@ -113,14 +118,7 @@ impl Job {
 
     /// Starts `tandem worker` for rank `rank` of group `group`; stdout is piped.
     pub fn spawn_worker(&self, group: u32, rank: u32) -> Child {
-        let env = LaunchEnv {
-            role: Role::Worker { group, rank },
-            config: self.dir.path().join("job.json"),
-            token_file: self.dir.path().join("token"),
-            bind: "127.0.0.1".into(),
-            output: self.output(),
-            attempt: 0,
-        };
+        let env = self.launch(Role::Worker { group, rank }, 0);
         let log = unique(self.dir.path().join(format!("worker-{group}-{rank}.log")));
         Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["worker", "--device", "cpu"])
