@@ -10,7 +10,8 @@
 # go to out/bench/data.json.
 #   bench/data.sh [threads, comma-separated]      e.g. bench/data.sh 1,2
 # Environment: BENCH_SECONDS (timed seconds per run, default 5), BENCH_ROUNDS (default 3),
-# BENCH_IMAGES (training images written, default 2000), BENCH_SIZE (their side, default 160).
+# BENCH_IMAGES (training images written, default 2000), BENCH_SIZE (their side, default 160),
+# BENCH_PROFILE (release; dev skips the release build, see below).
 # Figures only count on a quiet machine: /work/shared/tools/quiet-run -- bench/data.sh
 # PyTorch and torchvision are pip-installed into target/torch-venv on first use (as bench/train.sh).
 set -euo pipefail
@@ -32,7 +33,10 @@ if ! "$VENV/bin/python" -c "import torch, torchvision" 2>/dev/null; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q torch torchvision
 fi
-cargo build -q --release -p tandem-trainer --bin tandem >&2
+# BENCH_PROFILE=dev skips the (slow) release build, but its image decoders are built at opt-level 1:
+# its figures understate Tandem and only check the script.
+if [ "${BENCH_PROFILE:-release}" = dev ]; then PROFILE_FLAG=(); DIR=target/debug; else PROFILE_FLAG=(--release); DIR=target/release; fi
+cargo build -q "${PROFILE_FLAG[@]}" -p tandem-trainer --bin tandem >&2
 FOLDER=target/bench-data/images-$IMAGES-$SIZE
 if [ ! -f "$FOLDER/.done" ]; then
   echo "writing $IMAGES JPEG images of ${SIZE}×$SIZE into $FOLDER (once)" >&2
@@ -47,13 +51,13 @@ mkdir -p out/bench
 for round in $(seq "$ROUNDS"); do
   for t in ${THREADS//,/ }; do
     echo "round $round/$ROUNDS, $t thread(s)" >&2
-    ./target/release/tandem data bench "$FOLDER" --threads "$t" --batch 64 --seconds "$SECONDS_PER" \
+    "$DIR/tandem" data bench "$FOLDER" --threads "$t" --batch 64 --seconds "$SECONDS_PER" \
       --image-size 96,96 --augment "$AUGMENT" --normalize "$NORMALIZE" | tee -a out/bench/data.json
     "$VENV/bin/python" bench/data_torch.py "$FOLDER/train" --workers "$t" --batch 64 \
       --seconds "$SECONDS_PER" --size 96 | tee -a out/bench/data.json
   done
 done
-python3 - out/bench/data.json <<'PY'
+python3 - out/bench/data.json "${BENCH_PROFILE:-release}" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 best = {}
@@ -61,7 +65,7 @@ for r in recs:
     k = (r["impl"], r["threads"])
     best[k] = max(best.get(k, 0.0), r["images_per_second"])
 print()
-print("decoded + augmented images/s (RandomResizedCrop 96, flip, normalise; JPEG; batch 64; best of rounds)")
+print(f"decoded + augmented images/s (RandomResizedCrop 96, flip, normalise; JPEG; batch 64; best of rounds; {sys.argv[2]} build)")
 print(f"{'threads':>7} {'tandem':>10} {'pytorch':>10} {'tandem/pytorch':>15}")
 for t in sorted({k[1] for k in best}):
     a, b = best.get(("tandem", t), 0.0), best.get(("pytorch", t), 0.0)
