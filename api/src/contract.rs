@@ -436,6 +436,14 @@ pub struct GroupReport {
     /// Epoch of the group's data stream.
     #[serde(default)]
     pub epoch: u64,
+    /// Fraction of the step time since the previous report that the group's ranks waited for
+    /// their next batch (0: the data was always ready; near 1: the job is input-bound).
+    #[serde(default)]
+    pub data_wait: f64,
+    /// Samples the group's ranks skipped so far in this attempt because they could not be read
+    /// (each named in a warning in its rank's log).
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 impl WorkerLine {
@@ -470,6 +478,8 @@ mod tests {
                     accuracy: None,
                     samples: 12_800,
                     epoch: 3,
+                    data_wait: 0.25,
+                    skipped: 2,
                 },
             },
             WorkerLine::Finished { group: 0, rank: 1, steps: 600, start_step: 40, accuracy: Some(0.94) },

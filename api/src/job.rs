@@ -59,8 +59,13 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("has(self.training.steps) != has(self.training.epochs)").message("set exactly one of training.steps and training.epochs"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || self.training.easgd.tau >= 1").message("algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'easgd' || (self.training.easgd.alpha > 0.0 && self.training.easgd.alpha <= 1.0)").message("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]"))]
-#[x_kube(validation = Rule::new("self.model.kind != 'gpt' || self.data.source == 'shakespeare' || self.data.source == 'synthetic'").message("model kind gpt is a language model: use data.source shakespeare (characters of a text) or synthetic (random tokens)"))]
-#[x_kube(validation = Rule::new("self.model.kind == 'gpt' || self.data.source != 'shakespeare'").message("data.source shakespeare is a text: train it with model.kind gpt"))]
+#[x_kube(validation = Rule::new("self.model.kind != 'gpt' || self.data.source == 'shakespeare' || self.data.source == 'text' || self.data.source == 'synthetic'").message("model kind gpt is a language model: use data.source shakespeare (characters of a text), text (your UTF-8 file or folder at data.path) or synthetic (random tokens)"))]
+#[x_kube(validation = Rule::new("self.model.kind == 'gpt' || !(self.data.source == 'shakespeare' || self.data.source == 'text')").message("data.source shakespeare and text are texts: train them with model.kind gpt"))]
+#[x_kube(validation = Rule::new("self.data.source != 'text' || (has(self.data.path) && self.data.path != '')").message("data.source text needs data.path: a UTF-8 text file, or a folder whose .txt files are read in name order"))]
+#[x_kube(validation = Rule::new("self.data.source == 'text' || !has(self.data.tokens)").message("data.tokens says how a text is cut into tokens: remove it, or set data.source to text"))]
+#[x_kube(validation = Rule::new("(self.data.source == 'images' || self.data.source == 'shards') || !(has(self.data.augment) || has(self.data.normalize) || has(self.data.evalResize))").message("data.augment, data.normalize and data.evalResize transform images: remove them, or set data.source to images or shards"))]
+#[x_kube(validation = Rule::new("(self.data.source == 'images' || self.data.source == 'shards') || !has(self.data.loader)").message("data.loader sets the threads and queue that decode images: remove it, or set data.source to images or shards"))]
+#[x_kube(validation = Rule::new("!has(self.data.evalResize) || (has(self.data.imageSize) && self.data.evalResize >= self.data.imageSize[0] && self.data.evalResize >= self.data.imageSize[1])").message("data.evalResize resizes a test image's shorter side before the centre crop of data.imageSize: set data.imageSize, and make evalResize at least its height and width"))]
 #[x_kube(validation = Rule::new("self.data.source != 'path' || (has(self.data.path) && self.data.path != '')").message("data.source 'path' needs data.path: the IDX or CSV file (or folder) to read"))]
 #[x_kube(validation = Rule::new("!(self.data.source == 'images' || self.data.source == 'shards') || (has(self.data.path) && self.data.path != '')").message("data.source images and shards need data.path: the image folder (<path>/<class>/<file>.png|jpg), or the tar shards (a folder of .tar files or a pattern such as /data/train-{000..009}.tar)"))]
 #[x_kube(validation = Rule::new("self.data.source != 'shards' || (has(self.data.testPath) && self.data.testPath != '')").message("data.source shards needs data.testPath: the test set's tar shards (a folder or a brace pattern; `tandem data pack` writes them as test-*.tar)"))]
@@ -277,13 +282,15 @@ pub struct DataSpec {
     /// `mnist5k` (5,000 MNIST digits, 28×28), `digits` (1,797 scikit-learn digits, 8×8),
     /// `fashion-mnist` (Zalando's 70,000 clothing images, 28×28, 10 classes), `shakespeare` (the
     /// works of Shakespeare as characters, for `model.kind: gpt`), `synthetic` (seeded, for
-    /// benchmarks), `path` (an IDX or CSV file at `path`), `images` (an image folder at `path`)
-    /// or `shards` (WebDataset tar shards at `path`).
+    /// benchmarks), `path` (an IDX or CSV file at `path`), `images` (an image folder at `path`),
+    /// `shards` (WebDataset tar shards at `path`) or `text` (a UTF-8 file or folder at `path`, for
+    /// `model.kind: gpt`).
     #[serde(default)]
     pub source: DataSource,
     /// File or folder read when `source` is `path` (IDX pairs or a CSV with a label column),
-    /// `images` (the image folder) or `shards` (a folder of `.tar` files or a brace pattern such
-    /// as `/data/train-{000..099}.tar`).
+    /// `images` (the image folder), `shards` (a folder of `.tar` files or a brace pattern such
+    /// as `/data/train-{000..099}.tar`) or `text` (a UTF-8 file, or a folder whose `.txt` files
+    /// are read in name order).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// The test set of `images` (an image folder) or `shards` (tar shards, required there). An
@@ -297,6 +304,29 @@ pub struct DataSpec {
     #[schemars(length(min = 2, max = 2))]
     #[x_kube(validation = Rule::new("self.all(v, v >= 1 && v <= 4096)").message("data.imageSize needs two values in [1, 4096]: height and width"))]
     pub image_size: Option<Vec<u32>>,
+    /// Random augmentation of the training images of `images` or `shards`, drawn per sample
+    /// from (training seed, epoch, sample), so a run is reproducible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub augment: Option<AugmentSpec>,
+    /// Per-channel normalisation `(x − mean) / std` of every image of `images` or `shards`
+    /// (training and test), after pixels are scaled to [0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<NormalizeSpec>,
+    /// Test images of `images` or `shards` are resized so that their shorter side is this many
+    /// pixels, then centre-cropped to `imageSize` (torchvision's `Resize` + `CenterCrop`);
+    /// without it they are resized to `imageSize` exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8192))]
+    pub eval_resize: Option<u32>,
+    /// How a `text` is cut into tokens: `bytes` (each byte a token, a vocabulary of 256) or
+    /// `characters` (each Unicode character a token, the vocabulary the text's distinct
+    /// characters). Default `bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TextTokens>,
+    /// How batches of `images` and `shards` are prepared: decoding threads and the queue of
+    /// ready batches. It does not change which samples a step sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader: Option<LoaderSpec>,
     /// Zero-based CSV column holding the label; the other columns are features.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_column: Option<u32>,
@@ -327,12 +357,25 @@ impl Default for DataSpec {
             path: None,
             test_path: None,
             image_size: None,
+            augment: None,
+            normalize: None,
+            eval_resize: None,
+            tokens: None,
+            loader: None,
             label_column: None,
             batch_size: default_batch_size(),
             synthetic_samples: None,
             synthetic_shape: None,
             synthetic_classes: None,
         }
+    }
+}
+
+impl DataSpec {
+    /// The fields that decide which samples a step sees, for a checkpoint's identity: all but
+    /// `loader`, which only changes how fast they come.
+    pub fn identity(&self) -> DataSpec {
+        DataSpec { loader: None, ..self.clone() }
     }
 }
 
@@ -364,6 +407,97 @@ pub enum DataSource {
     Images,
     /// WebDataset tar shards (`<key>.jpg|png` with `<key>.cls`), read in sequence.
     Shards,
+    /// A user's UTF-8 text (a file, or a folder of `.txt` files), for a GPT.
+    Text,
+}
+
+/// Random augmentation of training images (see [`DataSpec::augment`]). At most one crop.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.randomResizedCrop) && has(self.padCrop))").message("data.augment takes one crop: randomResizedCrop (a random part of the image, resized to imageSize) or padCrop (pad, then a random crop back to the size); remove one"))]
+pub struct AugmentSpec {
+    /// A random part of each image, of `scale` of its area and aspect ratio in `ratio`, resized
+    /// to the sample size (torchvision's `RandomResizedCrop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random_resized_crop: Option<RandomResizedCropSpec>,
+    /// Pixels of zeros added on every side of each (resized) image before a random crop back to
+    /// the sample size (the CIFAR recipe: 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub pad_crop: Option<u32>,
+    /// Mirror each image left to right with probability ½.
+    #[serde(default)]
+    pub horizontal_flip: bool,
+}
+
+/// The random part a [`AugmentSpec::random_resized_crop`] takes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RandomResizedCropSpec {
+    /// Least and most fraction of the image's area kept (default `[0.08, 1.0]`).
+    #[serde(default = "default_crop_scale")]
+    #[schemars(length(min = 2, max = 2))]
+    #[x_kube(validation = Rule::new("self.all(v, v > 0.0 && v <= 1.0) && self[0] <= self[1]").message("data.augment.randomResizedCrop.scale needs two fractions of the area in (0, 1], the least first"))]
+    pub scale: Vec<f64>,
+    /// Least and most width ÷ height of the part (default `[0.75, 1.3333]`).
+    #[serde(default = "default_crop_ratio")]
+    #[schemars(length(min = 2, max = 2))]
+    #[x_kube(validation = Rule::new("self.all(v, v >= 0.01 && v <= 100.0) && self[0] <= self[1]").message("data.augment.randomResizedCrop.ratio needs two aspect ratios (width ÷ height) in [0.01, 100], the least first"))]
+    pub ratio: Vec<f64>,
+}
+
+impl Default for RandomResizedCropSpec {
+    fn default() -> Self {
+        Self { scale: default_crop_scale(), ratio: default_crop_ratio() }
+    }
+}
+
+fn default_crop_scale() -> Vec<f64> {
+    vec![0.08, 1.0]
+}
+
+fn default_crop_ratio() -> Vec<f64> {
+    vec![0.75, 4.0 / 3.0]
+}
+
+/// Per-channel normalisation (see [`DataSpec::normalize`]): one value per channel (1 for grey
+/// images, 3 for RGB), or one for all.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("size(self.mean) == size(self.std)").message("data.normalize needs as many means as standard deviations: one per channel (or one for all)"))]
+pub struct NormalizeSpec {
+    /// Mean of each channel, subtracted (ImageNet's: `[0.485, 0.456, 0.406]`).
+    #[schemars(length(min = 1, max = 3))]
+    pub mean: Vec<f64>,
+    /// Standard deviation of each channel, divided by (ImageNet's: `[0.229, 0.224, 0.225]`).
+    #[schemars(length(min = 1, max = 3))]
+    #[x_kube(validation = Rule::new("self.all(v, v > 0.0)").message("data.normalize.std values divide the pixels and must be above 0"))]
+    pub std: Vec<f64>,
+}
+
+/// How a text becomes tokens (see [`DataSpec::tokens`]).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum TextTokens {
+    /// Each byte is a token (a vocabulary of 256).
+    #[default]
+    Bytes,
+    /// Each Unicode character is a token (the vocabulary is the text's distinct characters).
+    Characters,
+}
+
+/// How batches are prepared (see [`DataSpec::loader`]).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LoaderSpec {
+    /// Threads that decode and augment images (default: the CPUs the process may use, at most 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub threads: Option<u32>,
+    /// Ready batches queued ahead of the step (default 2): what bounds the loader's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub prefetch_batches: Option<u32>,
 }
 
 /// The optimisation to run.

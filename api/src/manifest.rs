@@ -138,6 +138,14 @@ fn structural(schema: &Value, value: &mut Value, path: &str, out: &mut Vec<Strin
         // An integral float; the bounds below catch what does not fit.
         *value = if f < 0.0 { Value::from(f as i64) } else { Value::from(f as u64) };
     }
+    if ty == "number"
+        && (value.is_i64() || value.is_u64())
+        && let Some(f) = value.as_f64()
+        && let Some(n) = serde_json::Number::from_f64(f)
+    {
+        // The API server's CEL sees a number field as a double, `1` as `1.0`.
+        *value = Value::Number(n);
+    }
     let fits = match ty {
         "integer" => value.is_i64() || value.is_u64(),
         "number" => value.is_number(),

@@ -74,7 +74,7 @@ pub fn builtin_data(spec: &TrainingJobSpec) -> Option<DataShape> {
             let classes = u64::from(spec.data.synthetic_classes.unwrap_or(10));
             Some(DataShape { channels, height, width, samples: synthetic_samples, classes })
         }
-        DataSource::Path | DataSource::Images | DataSource::Shards => None,
+        DataSource::Path | DataSource::Images | DataSource::Shards | DataSource::Text => None,
     }
 }
 

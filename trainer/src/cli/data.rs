@@ -1,5 +1,5 @@
-//! `tandem data`: turn an image folder into tar shards (`pack`), and count and check a data set
-//! (`inspect`).
+//! `tandem data`: turn an image folder into tar shards (`pack`), count and check a data set
+//! (`inspect`), and time the image pipeline on it (`bench`).
 
 use std::path::PathBuf;
 
@@ -15,6 +15,37 @@ pub enum Data {
     Pack(PackArgs),
     /// Count the samples and classes of an image folder or tar shards and decode a few images.
     Inspect(InspectArgs),
+    /// Time the training pipeline (decoding, augmentation, batching) on an image folder or tar
+    /// shards: prints one JSON line with images/s and the process's peak memory.
+    Bench(BenchArgs),
+}
+
+/// `tandem data bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// An image folder or tar shards, as `data.path` names them.
+    pub path: String,
+    /// Decoding threads (`data.loader.threads`).
+    #[arg(long, default_value_t = 1)]
+    pub threads: u32,
+    /// Ready batches queued (`data.loader.prefetchBatches`).
+    #[arg(long, default_value_t = 2)]
+    pub prefetch: u32,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: u32,
+    /// Seconds timed, after the first batch.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Sample size `HEIGHT,WIDTH` (`data.imageSize`).
+    #[arg(long)]
+    pub image_size: Option<String>,
+    /// `data.augment` as JSON, e.g. '{"randomResizedCrop": {}, "horizontalFlip": true}'.
+    #[arg(long)]
+    pub augment: Option<String>,
+    /// `data.normalize` as JSON, e.g. '{"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}'.
+    #[arg(long)]
+    pub normalize: Option<String>,
 }
 
 /// `tandem data pack`.
@@ -69,7 +100,100 @@ pub fn run(cmd: Data) -> anyhow::Result<()> {
     match cmd {
         Data::Pack(a) => pack(a),
         Data::Inspect(a) => inspect(a),
+        Data::Bench(a) => bench(a),
     }
+}
+
+/// `VmHWM` (peak) and `VmRSS` of this process, in MiB.
+fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    use tandem::compute::data::{ImageFolder, Prep, ShardReader, Source};
+    use tandem_api::{DataSource, DataSpec, LoaderSpec};
+    let image_size = match a.image_size.as_deref() {
+        Some(s) => {
+            let v: Vec<u32> = s
+                .split(',')
+                .map(|p| p.trim().parse())
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("--image-size {s:?}: give HEIGHT,WIDTH, such as 96,96"))?;
+            anyhow::ensure!(v.len() == 2, "--image-size {s:?}: give HEIGHT,WIDTH, such as 96,96");
+            Some(v)
+        }
+        None => None,
+    };
+    let json = |what: &str, s: &Option<String>| -> anyhow::Result<Option<serde_json::Value>> {
+        s.as_deref().map(serde_json::from_str).transpose().with_context(|| format!("--{what} is not JSON"))
+    };
+    let spec = DataSpec {
+        source: DataSource::Images,
+        path: Some(a.path.clone()),
+        image_size: image_size.clone(),
+        augment: json("augment", &a.augment)?.map(serde_json::from_value).transpose().context("--augment")?,
+        normalize: json("normalize", &a.normalize)?
+            .map(serde_json::from_value)
+            .transpose()
+            .context("--normalize")?,
+        batch_size: a.batch,
+        loader: Some(LoaderSpec { threads: Some(a.threads), prefetch_batches: Some(a.prefetch) }),
+        ..DataSpec::default()
+    };
+    let size = image_size.as_deref().map(|v| (v[0], v[1]));
+    let path = std::path::Path::new(&a.path);
+    let (before_mib, _) = memory_mib();
+    let mut source: Box<dyn Source> = if path.is_dir() && shards::shard_paths(&a.path).is_err() {
+        let f = images::open(path, None, Sizing::of(size)).with_context(|| format!("opening {}", a.path))?;
+        let prep = Prep::of(&spec, f.train.shape, 0)?;
+        Box::new(ImageFolder::new(f.train, a.batch as usize, 0, 0, 1)?.with_prep(prep))
+    } else {
+        let set = ShardSet::open(&a.path, size).with_context(|| format!("opening {}", a.path))?;
+        let prep = Prep::of(&spec, set.shape, 0)?;
+        Box::new(ShardReader::new(set, a.batch as usize, 0, 0, 1)?.with_prep(prep))
+    };
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    source.next_batch(&mut x, &mut y)?;
+    let (_, index_mib) = memory_mib();
+    let started = std::time::Instant::now();
+    let waited_before = source.waited();
+    let mut images = 0u64;
+    while started.elapsed().as_secs_f64() < a.seconds {
+        source.next_batch(&mut x, &mut y)?;
+        images += y.len() as u64;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (peak_mib, rss_mib) = memory_mib();
+    let shape = source.shape();
+    let record = serde_json::json!({
+        "bench": "data",
+        "impl": "tandem",
+        "threads": a.threads,
+        "batch": a.batch,
+        "images": images,
+        "seconds": seconds,
+        "images_per_second": images as f64 / seconds,
+        "waited_seconds": source.waited().saturating_sub(waited_before).as_secs_f64(),
+        "samples_in_set": source.samples(),
+        "decoded_set_mib": source.samples() as f64 * shape.features() as f64 * 4.0 / (1 << 20) as f64,
+        "batch_mib": a.batch as f64 * shape.features() as f64 * 4.0 / (1 << 20) as f64,
+        "rss_mib_before_open": before_mib,
+        "rss_mib_after_first_batch": index_mib,
+        "rss_mib_at_end": rss_mib,
+        "peak_rss_mib": peak_mib,
+        "skipped": source.skipped(),
+    });
+    println!("{record}");
+    Ok(())
 }
 
 fn pack(a: PackArgs) -> anyhow::Result<()> {

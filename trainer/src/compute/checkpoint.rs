@@ -111,9 +111,13 @@ pub struct CheckpointMeta {
     /// Random generator state, if the writer has one.
     #[serde(default)]
     pub rng: Option<[u64; 4]>,
-    /// Where the data stream continues, for workers.
+    /// Where the data stream continues, for workers (the writer's own: rank 0's in a group).
     #[serde(default)]
     pub cursor: Option<DataCursor>,
+    /// Where each rank of the writer's group continues, in rank order (a stream that skipped
+    /// unreadable samples is at a different position on each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cursors: Vec<DataCursor>,
     /// Optimizer scalars; its buffers are tensors named `optim.<buffer>`.
     #[serde(default)]
     pub optimizer: Option<OptimizerState>,
@@ -313,10 +317,16 @@ impl Checkpoint {
 
 /// Refuses counts beyond [`MAX_COUNT`]: arithmetic on them would overflow.
 fn check_counts(meta: &CheckpointMeta) -> Result<(), String> {
-    let cursor = meta.cursor.map(|c| [("data cursor epoch", c.epoch), ("data cursor batch", c.batch)]);
+    let cursors = meta.cursor.iter().chain(&meta.cursors).flat_map(|c| {
+        [
+            ("data cursor epoch", c.epoch),
+            ("data cursor batch", c.batch),
+            ("data cursor sample", c.sample.unwrap_or(0)),
+        ]
+    });
     let counts = [("step", meta.step), ("epoch", meta.epoch)]
         .into_iter()
-        .chain(cursor.into_iter().flatten())
+        .chain(cursors)
         .chain(meta.optimizer.as_ref().map(|o| ("optimizer update count", o.updates)))
         .chain(
             meta.range.into_iter().flat_map(|(a, b)| [("range start", a as u64), ("range end", b as u64)]),

@@ -124,6 +124,13 @@ pub trait GradientStep {
         Ok(())
     }
 
+    /// Every rank's data cursor for the leader's checkpoint, in rank order, given this rank's
+    /// `mine` (a collective at every checkpoint step): a stream that skipped unreadable samples
+    /// is at a different position on each rank, and each continues from its own.
+    fn gather_cursors(&mut self, mine: DataCursor) -> Result<Vec<DataCursor>, TrainError> {
+        Ok(vec![mine])
+    }
+
     /// Passes the leader's report on beyond the caller (a PS step tells the servers).
     fn report(&mut self, _report: &GroupReport) -> Result<(), TrainError> {
         Ok(())
@@ -285,6 +292,8 @@ pub struct Trainer {
     config_hash: String,
     x: Vec<f32>,
     y: Vec<u32>,
+    /// Every group rank's cursor at the checkpoint being written ([`GradientStep::gather_cursors`]).
+    group_cursors: Vec<DataCursor>,
 }
 
 impl Trainer {
@@ -299,7 +308,7 @@ impl Trainer {
         let JobData { train, test } = data.into();
         let classes = train.classes().max(test.classes);
         let model = model::build(&spec.model, train.shape(), classes, spec.training.seed, device)?;
-        let loader = train.source(spec.data.batch_size as usize, spec.training.seed, rank, world)?;
+        let loader = train.source(&spec.data, spec.training.seed, rank, world)?;
         Self::with_parts(spec, model, loader, test, world)
     }
 
@@ -321,7 +330,7 @@ impl Trainer {
         model.init(parts.params, parts.state)?;
         let config = serde_json::json!({
             "model": spec.model,
-            "data": spec.data,
+            "data": spec.data.identity(),
             "optimizer": t.optimizer,
             "algorithm": t.algorithm,
             "seed": t.seed,
@@ -342,6 +351,7 @@ impl Trainer {
             config_hash: checkpoint::config_hash(&config),
             x: Vec::new(),
             y: Vec::new(),
+            group_cursors: Vec::new(),
         })
     }
 
@@ -443,9 +453,23 @@ impl Trainer {
     /// continue where an uninterrupted run would be at `step`. The optimizer state is the caller's.
     pub fn skip_to(&mut self, step: u64) -> Result<(), TrainError> {
         let per_epoch = self.loader.batches_per_epoch().max(1);
-        self.loader.seek(DataCursor { epoch: step / per_epoch, batch: step % per_epoch })?;
+        self.loader.seek(DataCursor::at(step / per_epoch, step % per_epoch))?;
         self.step = step;
         Ok(())
+    }
+
+    /// Continues the data stream at `cursor` (this rank's own, from the group's checkpoint:
+    /// [`CheckpointMeta::cursors`]) after [`Trainer::skip_to`] moved it to where a stream with no
+    /// skipped sample would be.
+    pub fn seek_data(&mut self, cursor: DataCursor) -> Result<(), TrainError> {
+        let per_epoch = self.loader.batches_per_epoch().max(1);
+        if cursor.epoch * per_epoch + cursor.batch != self.step {
+            return Err(TrainError::Config(format!(
+                "the checkpoint's data cursor (epoch {}, batch {}) is not at its step {}: it was written for other data",
+                cursor.epoch, cursor.batch, self.step
+            )));
+        }
+        Ok(self.loader.seek(cursor)?)
     }
 
     /// Loss and accuracy on the test set (per target: per token for a language model), in
@@ -491,6 +515,7 @@ impl Trainer {
             config_hash: self.config_hash.clone(),
             rng: None,
             cursor: Some(self.loader.cursor()),
+            cursors: self.group_cursors.clone(),
             optimizer: update.optimizer_state(),
             range: None,
             extra: serde_json::json!({ "layout": self.model.layout() }),
@@ -559,16 +584,20 @@ impl Trainer {
         let started = Instant::now();
         let (start, total) = (self.step, self.total_steps);
         let report_every = cadence.report_every(total);
-        // Since the last report: the sum of batch losses × samples, and the samples.
-        let mut window = [0.0f32; 2];
+        // Since the last report, summed over the group at a report: batch losses × samples,
+        // samples, seconds waited for data, seconds of steps; then the samples skipped so far.
+        let mut window = [0.0f32; 5];
         let (mut samples, mut train_time) = (0u64, 0.0f64);
+        let mut waited = self.loader.waited();
         let mut last_eval = None;
         while self.step < total {
             let t0 = Instant::now();
             let r = self.step(update)?;
-            train_time += t0.elapsed().as_secs_f64();
+            let took = t0.elapsed().as_secs_f64();
+            train_time += took;
             window[0] += r.batch.loss * r.batch.samples as f32;
             window[1] += r.batch.samples as f32;
+            window[3] += took as f32;
             let k = r.step;
             if let Some(dir) = cadence.checkpoints_at(k, total) {
                 self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
@@ -589,10 +618,17 @@ impl Trainer {
             if !evaluate && !k.is_multiple_of(report_every) {
                 continue;
             }
+            let now_waited = self.loader.waited();
+            window[2] = now_waited.saturating_sub(waited).as_secs_f32();
+            window[4] = self.loader.skipped() as f32;
+            waited = now_waited;
             update.sum_over_group(&mut window)?;
             samples += window[1] as u64;
             let loss = window[0] / window[1].max(1.0);
-            window = [0.0; 2];
+            let data_wait =
+                if window[3] > 0.0 { f64::from((window[2] / window[3]).clamp(0.0, 1.0)) } else { 0.0 };
+            let skipped = window[4] as u64;
+            window = [0.0; 5];
             if !update.leader() {
                 continue;
             }
@@ -604,6 +640,8 @@ impl Trainer {
                 accuracy: test.map(|e| e.accuracy),
                 samples,
                 epoch: self.loader.cursor().epoch,
+                data_wait,
+                skipped,
             };
             update.report(&report)?;
             on_report(&report);
@@ -636,12 +674,13 @@ impl Trainer {
     /// (collective: every rank calls it, [`GradientStep::prepare_checkpoint`] gathers what the
     /// leader writes).
     fn write_checkpoint(
-        &self,
+        &mut self,
         update: &mut dyn GradientStep,
         dir: &Path,
         keep: usize,
     ) -> Result<(), TrainError> {
         update.prepare_checkpoint(self.store.params().len())?;
+        self.group_cursors = update.gather_cursors(self.loader.cursor())?;
         if !update.leader() {
             return Ok(());
         }

@@ -108,6 +108,11 @@ pub enum Event {
         accuracy: Option<f64>,
         /// Samples processed so far, all groups and attempts together.
         samples: u64,
+        /// Fraction of their step time the groups waited for data at their last reports (their
+        /// mean): near 0 the input keeps up, near 1 the job is input-bound.
+        data_wait: f64,
+        /// Samples skipped as unreadable so far, all groups and attempts together.
+        skipped: u64,
     },
     /// Parameter server 0's HTTP status endpoint listens (again after each of its restarts).
     Status {

@@ -2,7 +2,7 @@
 //! progress into one view.
 //!
 //! Protocol: a worker prints [`WorkerLine`]s, JSON objects one per line, on stdout:
-//! `{"event":"progress","group":G,"progress":{"step":S,"loss":L,"accuracy":A,"samples":N,"epoch":E}}`
+//! `{"event":"progress","group":G,"progress":{"step":S,"loss":L,"accuracy":A,"samples":N,"epoch":E,"data_wait":W,"skipped":K}}`
 //! (rank 0 of each group, at its report steps) and, when it ends,
 //! `{"event":"finished","group":G,"rank":R,"steps":S,"start_step":K,"accuracy":A}`. A parameter server prints
 //! `status on <addr>` once its HTTP status endpoint listens. Other lines (logs, `listening on …`)
@@ -33,6 +33,10 @@ pub enum Line {
         accuracy: Option<f64>,
         /// Samples the group processed in this attempt.
         samples: u64,
+        /// Fraction of its step time the group waited for data since its last report.
+        data_wait: f64,
+        /// Samples the group skipped as unreadable in this attempt.
+        skipped: u64,
     },
     /// A rank finished all its steps.
     Finished {
@@ -59,9 +63,15 @@ pub fn parse(line: &str) -> Option<Line> {
         return Some(Line::Status { addr: addr.trim().to_owned() });
     }
     Some(match WorkerLine::parse(line)? {
-        WorkerLine::Progress { group, progress: p } => {
-            Line::Progress { group, step: p.step, loss: p.loss, accuracy: p.accuracy, samples: p.samples }
-        }
+        WorkerLine::Progress { group, progress: p } => Line::Progress {
+            group,
+            step: p.step,
+            loss: p.loss,
+            accuracy: p.accuracy,
+            samples: p.samples,
+            data_wait: p.data_wait,
+            skipped: p.skipped,
+        },
         WorkerLine::Finished { group, rank, steps, accuracy, .. } => {
             Line::Finished { group, rank, steps, accuracy }
         }
@@ -74,6 +84,9 @@ struct GroupProgress {
     loss: Option<f64>,
     samples: u64,
     earlier_samples: u64,
+    data_wait: f64,
+    skipped: u64,
+    earlier_skipped: u64,
 }
 
 /// Every group's latest progress, merged.
@@ -111,6 +124,8 @@ impl Merged {
     /// [`Event::Progress`] (the one progress event of every job, one process or many).
     pub fn report(&mut self, group: u32, r: &GroupReport) -> Event {
         let step = self.record(group, r.step, r.loss, r.accuracy, r.samples);
+        let g = self.groups.entry(group).or_default();
+        (g.data_wait, g.skipped) = (r.data_wait, r.skipped);
         Event::Progress {
             step,
             group,
@@ -118,6 +133,8 @@ impl Merged {
             loss: self.loss(),
             accuracy: self.accuracy(),
             samples: self.samples(),
+            data_wait: self.data_wait(),
+            skipped: self.skipped(),
         }
     }
 
@@ -126,6 +143,8 @@ impl Merged {
         let g = self.groups.entry(group).or_default();
         g.earlier_samples += g.samples;
         g.samples = 0;
+        g.earlier_skipped += g.skipped;
+        g.skipped = 0;
         g.step = 0;
     }
 
@@ -143,6 +162,17 @@ impl Merged {
     /// The latest test accuracy any group reported.
     pub fn accuracy(&self) -> Option<f64> {
         self.accuracy
+    }
+
+    /// Mean over the groups of the fraction of step time they last reported waiting for data.
+    pub fn data_wait(&self) -> f64 {
+        let n = self.groups.len().max(1) as f64;
+        self.groups.values().map(|g| g.data_wait).sum::<f64>() / n
+    }
+
+    /// Samples skipped as unreadable by every group over every attempt.
+    pub fn skipped(&self) -> u64 {
+        self.groups.values().map(|g| g.skipped + g.earlier_skipped).sum()
     }
 
     /// Samples processed by every group over every attempt.

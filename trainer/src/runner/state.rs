@@ -214,8 +214,8 @@ impl Supervisor {
             return;
         }
         match line {
-            Line::Progress { group, step, loss, accuracy, samples } => {
-                let report = GroupReport { step, loss, accuracy, samples, epoch: 0 };
+            Line::Progress { group, step, loss, accuracy, samples, data_wait, skipped } => {
+                let report = GroupReport { step, loss, accuracy, samples, epoch: 0, data_wait, skipped };
                 out.push(Command::Emit(self.merged.report(group, &report)));
             }
             Line::Status { addr } if p.role == (Role::Ps { index: 0 }) => {

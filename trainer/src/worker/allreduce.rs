@@ -22,6 +22,7 @@ use tandem_api::OptimizerSpec;
 
 use crate::comm::{CommError, Communicator, ReduceOp, block_range};
 use crate::compute::checkpoint::Checkpoint;
+use crate::compute::data::DataCursor;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError, Trainer};
 
@@ -62,17 +63,32 @@ impl<C: Communicator> AllreduceStep<C> {
             }
             None => None,
         };
-        // [resumed, step, optimizer updates, optimizer state sent]
+        // Every rank's data cursor, when the checkpoint has one for each rank of this group.
+        let size = self.comm.size();
+        let cursors = from
+            .filter(|_| root)
+            .map(|(_, c)| c.meta.cursors.clone())
+            .filter(|c| c.len() == size)
+            .unwrap_or_default();
+        // [resumed, step, optimizer updates, optimizer state sent, cursors sent]
         let mut header = [
             u64::from(root && from.is_some()),
             trainer.step_count(),
             saved.as_ref().map_or(0, |s| s.updates),
             u64::from(saved.is_some()),
+            u64::from(!cursors.is_empty()),
         ];
         broadcast_words(&mut self.comm, &mut header).map_err(super::collective)?;
-        let [resumed, step, updates, with_state] = header;
+        let [resumed, step, updates, with_state, with_cursors] = header;
         if resumed == 0 {
             return Ok(0);
+        }
+        let mut words: Vec<u64> = match cursors.is_empty() {
+            true => vec![0; CURSOR_WORDS * size],
+            false => cursors.iter().flat_map(|c| cursor_words(*c)).collect(),
+        };
+        if with_cursors == 1 {
+            broadcast_words(&mut self.comm, &mut words).map_err(super::collective)?;
         }
         let mut params = trainer.params().to_vec();
         self.comm.broadcast(&mut params, 0).map_err(super::collective)?;
@@ -101,8 +117,24 @@ impl<C: Communicator> AllreduceStep<C> {
             trainer.set_params(&params)?;
             trainer.set_state(&model_state)?;
             trainer.skip_to(step)?;
+            if with_cursors == 1 {
+                let rank = self.comm.rank();
+                trainer.seek_data(cursor_of(&words[rank * CURSOR_WORDS..(rank + 1) * CURSOR_WORDS]))?;
+            }
         }
         Ok(step)
+    }
+
+    /// Every rank's data cursor, gathered on every rank (collective).
+    pub fn gather_cursors(&mut self, mine: DataCursor) -> Result<Vec<DataCursor>, TrainError> {
+        let (size, rank) = (self.comm.size(), self.comm.rank());
+        let pieces_per_rank = 4 * CURSOR_WORDS;
+        let mut pieces = vec![0.0f32; pieces_per_rank * size];
+        let block = block_range(pieces.len(), size, rank);
+        pieces[block].copy_from_slice(&to_pieces(&cursor_words(mine)));
+        self.comm.allgather(&mut pieces).map_err(super::collective)?;
+        let words = from_pieces(&pieces);
+        Ok(words.chunks_exact(CURSOR_WORDS).map(cursor_of).collect())
     }
 
     /// Collects every rank's block of the optimizer state so that
@@ -125,13 +157,34 @@ impl<C: Communicator> AllreduceStep<C> {
 /// Broadcasts whole numbers from rank 0 exactly: each goes as four 16-bit pieces, which an `f32`
 /// holds without rounding.
 fn broadcast_words<C: Communicator>(comm: &mut C, words: &mut [u64]) -> Result<(), CommError> {
-    let mut pieces: Vec<f32> =
-        words.iter().flat_map(|w| (0..4).map(move |i| ((w >> (16 * i)) & 0xffff) as f32)).collect();
+    let mut pieces = to_pieces(words);
     comm.broadcast(&mut pieces, 0)?;
-    for (w, p) in words.iter_mut().zip(pieces.chunks_exact(4)) {
-        *w = p.iter().enumerate().fold(0, |acc, (i, &v)| acc | ((v as u64) << (16 * i)));
-    }
+    words.copy_from_slice(&from_pieces(&pieces));
     Ok(())
+}
+
+/// Whole numbers as four 16-bit pieces each, which an `f32` holds exactly.
+fn to_pieces(words: &[u64]) -> Vec<f32> {
+    words.iter().flat_map(|w| (0..4).map(move |i| ((w >> (16 * i)) & 0xffff) as f32)).collect()
+}
+
+/// The whole numbers of [`to_pieces`].
+fn from_pieces(pieces: &[f32]) -> Vec<u64> {
+    pieces
+        .chunks_exact(4)
+        .map(|p| p.iter().enumerate().fold(0, |acc, (i, &v)| acc | ((v as u64) << (16 * i))))
+        .collect()
+}
+
+/// Words of a data cursor: epoch, batch, and the sample position plus one (0: none).
+const CURSOR_WORDS: usize = 3;
+
+fn cursor_words(c: DataCursor) -> [u64; CURSOR_WORDS] {
+    [c.epoch, c.batch, c.sample.map_or(0, |s| s + 1)]
+}
+
+fn cursor_of(w: &[u64]) -> DataCursor {
+    DataCursor { epoch: w[0], batch: w[1], sample: w[2].checked_sub(1) }
 }
 
 impl<C: Communicator> GradientStep for AllreduceStep<C> {
@@ -171,6 +224,10 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
 
     fn prepare_checkpoint(&mut self, len: usize) -> Result<(), TrainError> {
         self.gather_state(len)
+    }
+
+    fn gather_cursors(&mut self, mine: DataCursor) -> Result<Vec<DataCursor>, TrainError> {
+        AllreduceStep::gather_cursors(self, mine)
     }
 
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {

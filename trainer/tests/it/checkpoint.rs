@@ -21,7 +21,8 @@ fn sample(kind: &str, range: Option<(usize, usize)>) -> Checkpoint {
         epoch: 3,
         config_hash: checkpoint::config_hash(&serde_json::json!({"model": "x"})),
         rng: Some([1, 2, 3, 4]),
-        cursor: Some(DataCursor { epoch: 3, batch: 7 }),
+        cursor: Some(DataCursor::at(3, 7)),
+        cursors: vec![DataCursor::at(3, 7), DataCursor { epoch: 3, batch: 7, sample: Some(60) }],
         optimizer: Some(opt.state()),
         range,
         extra: serde_json::json!({"note": "hi"}),
@@ -134,11 +135,15 @@ fn crafted(edit: impl FnOnce(&mut CheckpointMeta)) -> Vec<u8> {
 fn crafted_counts_are_refused_as_corrupt_instead_of_overflowing() {
     let path = std::path::Path::new("crafted.safetensors");
     type Edit = Box<dyn FnOnce(&mut CheckpointMeta)>;
-    let cases: [(&str, Edit); 5] = [
+    let cases: [(&str, Edit); 6] = [
         ("step", Box::new(|m| m.step = u64::MAX)),
         ("epoch", Box::new(|m| m.epoch = u64::MAX)),
-        ("data cursor epoch", Box::new(|m| m.cursor = Some(DataCursor { epoch: u64::MAX, batch: 0 }))),
-        ("data cursor batch", Box::new(|m| m.cursor = Some(DataCursor { epoch: 0, batch: u64::MAX }))),
+        ("data cursor epoch", Box::new(|m| m.cursor = Some(DataCursor::at(u64::MAX, 0)))),
+        ("data cursor batch", Box::new(|m| m.cursor = Some(DataCursor::at(0, u64::MAX)))),
+        (
+            "data cursor sample",
+            Box::new(|m| m.cursors[1] = DataCursor { epoch: 0, batch: 0, sample: Some(u64::MAX) }),
+        ),
         ("optimizer update count", Box::new(|m| m.optimizer.as_mut().unwrap().updates = u64::MAX)),
     ];
     for (what, edit) in cases {

@@ -216,7 +216,7 @@ fn every_rank_reads_its_own_samples_of_the_shards_once_per_epoch() {
         let mut seen = BTreeSet::new();
         for rank in 0..world {
             let mut r = ShardReader::new(set.clone(), batch, 11, rank, world).unwrap();
-            r.seek(data::DataCursor { epoch, batch: 0 }).unwrap();
+            r.seek(data::DataCursor::at(epoch, 0)).unwrap();
             let (mut x, mut y) = (Vec::new(), Vec::new());
             for _ in 0..r.batches_per_epoch() {
                 r.next_batch(&mut x, &mut y).unwrap();
@@ -259,6 +259,6 @@ fn images_of_different_sizes_need_an_image_size() {
     assert!(err.contains("images differ in size") && err.contains("data.imageSize"), "{err}");
     let f = images::open(dir.path(), None, Sizing::Fixed(5, 5)).unwrap();
     assert_eq!((f.train.shape.channels, f.train.shape.height, f.train.shape.width), (3, 5, 5));
-    let test = images::decode_all(&f.test);
+    let test = images::decode_all(&f.test, &data::augment::Transform::plain(f.test.shape));
     assert_eq!(test.features.len(), test.len() * 75);
 }

@@ -19,6 +19,7 @@ mod cli_train;
 mod comm_mpi;
 mod comm_tcp;
 mod data;
+mod data_pipeline;
 mod engine;
 mod flat;
 mod image_data;

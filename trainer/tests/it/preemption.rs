@@ -18,7 +18,7 @@ use tandem_api::contract::{self, Endpoint, Role};
 
 const STEPS: u64 = 3000;
 
-fn free_ports(n: usize) -> Vec<Endpoint> {
+pub(crate) fn free_ports(n: usize) -> Vec<Endpoint> {
     let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     listeners.iter().map(|l| Endpoint::new("127.0.0.1", l.local_addr().unwrap().port())).collect()
 }
@@ -41,7 +41,7 @@ fn spec(algorithm: &str, group_size: u32, replicas: u32) -> serde_json::Value {
 }
 
 /// A running `tandem worker` whose stdout lines are collected as they come.
-struct Worker {
+pub(crate) struct Worker {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
     log: PathBuf,
@@ -49,11 +49,17 @@ struct Worker {
 
 impl Worker {
     fn spawn(job: &Job, rank: u32, attempt: u32) -> Self {
-        let env = job.launch(Role::Worker { group: 0, rank }, attempt);
+        Self::spawn_with(job, rank, attempt, &[])
+    }
+
+    /// Rank `rank` of group 0, attempt `attempt`, with the variables `env` added.
+    pub(crate) fn spawn_with(job: &Job, rank: u32, attempt: u32, env: &[(&str, &str)]) -> Self {
+        let launch = job.launch(Role::Worker { group: 0, rank }, attempt);
         let log = job.dir.path().join(format!("worker-0-{rank}.{attempt}.log"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["worker", "--device", "cpu"])
-            .envs(env.to_vars())
+            .envs(launch.to_vars())
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -68,7 +74,7 @@ impl Worker {
         Self { child, lines, log }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -83,7 +89,7 @@ impl Worker {
             .collect()
     }
 
-    fn finished(&self) -> serde_json::Value {
+    pub(crate) fn finished(&self) -> serde_json::Value {
         let lines = self.lines.lock().unwrap();
         let last = lines.last().unwrap_or_else(|| panic!("no output; log:\n{}", self.log_text()));
         let v: serde_json::Value = serde_json::from_str(last).unwrap();
@@ -91,16 +97,16 @@ impl Worker {
         v
     }
 
-    fn wait_for_progress(&self) {
+    pub(crate) fn wait_for_progress(&self) {
         eventually("a progress line", || !self.progress_steps().is_empty());
     }
 
-    fn sigterm(&self) {
+    pub(crate) fn sigterm(&self) {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
     }
 
-    fn wait(&mut self, within: Duration) -> ExitStatus {
+    pub(crate) fn wait(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -118,7 +124,7 @@ impl Worker {
 }
 
 /// The step in a preempted worker's "stopped at step K of N" message.
-fn stopped_at(log: &str) -> u64 {
+pub(crate) fn stopped_at(log: &str) -> u64 {
     let (_, rest) = log.split_once("stopped at step ").unwrap_or_else(|| panic!("no stop message:\n{log}"));
     rest.split(' ').next().unwrap().parse().unwrap()
 }

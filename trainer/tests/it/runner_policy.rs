@@ -53,7 +53,15 @@ fn worker_lines_parse_and_other_output_is_ignored() {
     let line = r#"{"event":"progress","group":1,"progress":{"step":200,"loss":0.25,"accuracy":0.93,"samples":12800}}"#;
     assert_eq!(
         progress::parse(line),
-        Some(Line::Progress { group: 1, step: 200, loss: Some(0.25), accuracy: Some(0.93), samples: 12800 })
+        Some(Line::Progress {
+            group: 1,
+            step: 200,
+            loss: Some(0.25),
+            accuracy: Some(0.93),
+            samples: 12800,
+            data_wait: 0.0,
+            skipped: 0
+        })
     );
     let line = r#"{"event":"finished","group":0,"rank":1,"steps":600,"accuracy":0.94}"#;
     assert_eq!(

@@ -68,7 +68,7 @@ fn every_epoch_serves_each_row_once_over_the_ranks_in_a_new_shard_order() {
         for b in 0..per_epoch {
             for (r, s) in ranks.iter_mut().enumerate() {
                 let at = s.next_batch(&mut x, &mut y).unwrap();
-                assert_eq!(at, DataCursor { epoch, batch: b }, "rank {r}");
+                assert_eq!(at, DataCursor::at(epoch, b), "rank {r}");
                 assert_eq!((x.len(), y.len()), (batch * 65, batch));
                 for id in ids(&x) {
                     assert!(seen.insert(id), "epoch {epoch}: row {id} served twice");
@@ -103,7 +103,7 @@ fn seeking_a_cursor_continues_the_stream_exactly() {
             assert_eq!((&ids(&x), &y), (want, labels), "resumed at batch {k}, batch {at:?}");
         }
     }
-    let err = straight.seek(DataCursor { epoch: 0, batch: per_epoch }).unwrap_err().to_string();
+    let err = straight.seek(DataCursor::at(0, per_epoch)).unwrap_err().to_string();
     assert!(err.contains("past the"), "{err}");
 }
 
@@ -142,7 +142,7 @@ fn a_training_run_on_a_stream_resumes_from_its_checkpoint_bit_for_bit() {
     first.save(&fu, &path).unwrap();
     let (mut resumed, mut ru) = trainer();
     resumed.resume(&mut ru, &path).unwrap();
-    assert_eq!(resumed.cursor(), DataCursor { epoch: 1, batch: 1 });
+    assert_eq!(resumed.cursor(), DataCursor::at(1, 1));
     while resumed.step_count() < 60 {
         resumed.step(&mut ru).unwrap();
     }

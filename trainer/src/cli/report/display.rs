@@ -77,15 +77,22 @@ impl Display {
                     self.bar = Some(bar);
                 }
             }
-            Event::Progress { step, loss, accuracy, .. } => {
+            Event::Progress { step, loss, accuracy, data_wait, skipped, .. } => {
                 let loss = loss.map(|l| format!("loss {l:.4}")).unwrap_or_default();
                 let acc = accuracy.map(|a| format!(" test acc {a:.4}")).unwrap_or_default();
+                // Shown once it matters: a step that waits on data, a sample that was skipped.
+                let wait = if *data_wait >= 0.01 {
+                    format!(" waiting on data {:.0}%", data_wait * 100.0)
+                } else {
+                    String::new()
+                };
+                let skip = if *skipped > 0 { format!(" {skipped} skipped") } else { String::new() };
                 match &self.bar {
                     Some(bar) => {
                         bar.set_position(*step);
-                        bar.set_message(format!("{loss}{acc}"));
+                        bar.set_message(format!("{loss}{acc}{wait}{skip}"));
                     }
-                    None => eprintln!("step {step}/{}: {loss}{acc}", self.total),
+                    None => eprintln!("step {step}/{}: {loss}{acc}{wait}{skip}", self.total),
                 }
             }
             Event::Status { ps, addr } => self.note(&format!(

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 
 use tandem_api::{DataSource, DataSpec, TrainingJobSpec};
 
+use super::augment::Transform;
 use super::csv::{CsvOptions, read_csv};
 use super::idx::read_idx;
 use super::split::{Splits, split};
 use super::synthetic::{synthetic, synthetic_tokens};
-use super::text::{BYTE_VOCAB, read_bytes, split_text};
+use super::text::{BYTE_VOCAB, read_bytes, read_text, split_text};
 use super::{DataError, InputShape, JobData, ShardSet, TrainSet, images};
 
 /// The (height, width) of `shape`.
@@ -45,7 +46,8 @@ pub fn open_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<JobData, Data
         DataSource::Images => {
             let path = Path::new(data.path.as_deref().unwrap_or_default());
             let folder = images::open(path, test_path, images::Sizing::of(size))?;
-            let test = images::decode_all(&folder.test);
+            let transform = Transform::of(data, folder.test.shape, spec.training.seed)?;
+            let test = images::decode_all(&folder.test, &transform);
             Ok(JobData { train: TrainSet::Images(folder.train), test })
         }
         DataSource::Shards => {
@@ -53,7 +55,8 @@ pub fn open_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<JobData, Data
             let mut test_set =
                 ShardSet::open(data.test_path.as_deref().unwrap_or_default(), Some(shape_size(train.shape)))?;
             test_set.shape = train.shape;
-            let test = test_set.decode_all(train.classes)?;
+            let transform = Transform::of(data, train.shape, spec.training.seed)?;
+            let test = test_set.decode_all(train.classes, &transform)?;
             Ok(JobData { train: TrainSet::Shards(train), test })
         }
         _ => Ok(load_job(spec, data_dir)?.into()),
@@ -76,6 +79,11 @@ pub fn load_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<Splits, DataE
             let path = data_dir.join(SHAKESPEARE_FILE);
             split_text(&read_bytes(&path)?, context, BYTE_VOCAB, &path.display().to_string())
         }
+        DataSource::Text => {
+            let path = Path::new(spec.data.path.as_deref().unwrap_or_default());
+            let (tokens, vocab) = read_text(path, spec.data.tokens.unwrap_or_default())?;
+            split_text(&tokens, context, vocab, &path.display().to_string())
+        }
         DataSource::Synthetic => {
             let n = spec.data.synthetic_samples.unwrap_or(10_000) as usize;
             let vocab = spec.data.synthetic_classes.unwrap_or(256) as usize;
@@ -83,7 +91,7 @@ pub fn load_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<Splits, DataE
             split(&data, (n / 5).max(1))
         }
         other => Err(DataError::Config(format!(
-            "model kind gpt trains on a text: data.source {other:?} is not one; use shakespeare or synthetic"
+            "model kind gpt trains on a text: data.source {other:?} is not one; use shakespeare, text or synthetic"
         ))),
     }
 }
@@ -104,9 +112,9 @@ pub fn load(spec: &DataSpec, data_dir: &Path, seed: u64) -> Result<Splits, DataE
             split(&read_csv(&data_dir.join(DIGITS_FILE), &opts)?, 360)
         }
         DataSource::FashionMnist => load_path(&data_dir.join(FASHION_MNIST_DIR), None),
-        DataSource::Shakespeare => {
-            Err(DataError::Config("data.source shakespeare is a text: train it with model.kind gpt".into()))
-        }
+        DataSource::Shakespeare | DataSource::Text => Err(DataError::Config(
+            "data.source shakespeare and text are texts: train them with model.kind gpt".into(),
+        )),
         DataSource::Synthetic => {
             let n = spec.synthetic_samples.unwrap_or(10_000) as usize;
             let shape = match spec.synthetic_shape.as_deref() {

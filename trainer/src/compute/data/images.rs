@@ -3,8 +3,8 @@
 //! the files, so only the list of files is held in memory.
 //!
 //! Expected flow: [`open`] lists the classes and files and reads every file's header (size and
-//! colour, not its pixels) to fix the sample shape; [`ImageFolder`] then serves batches, decoding
-//! each batch's files.
+//! colour, not its pixels) to fix the sample shape; [`ImageFolder`] then serves batches, its
+//! files decoded and augmented ahead of the step by the [`super::pipeline`].
 //!
 //! Guarantees:
 //! - The sample shape comes from the data: grey images give one channel, and three (RGB, alpha
@@ -17,20 +17,25 @@
 //!   rank and p ranks step like one process with the p× batch.
 //! - A file that cannot be read or decoded is skipped with a warning naming it, and counted
 //!   ([`Source::skipped`]), never an error: at the scan it leaves the list; during training its
-//!   place in the batch goes to the next readable file of the rank's epoch order.
+//!   place in the batch goes to the next file of the rank's epoch order (wrapping to its start),
+//!   and the cursor records where the order continues, so a resumed stream sees no file twice.
 //! - The test set is `data.testPath` if given, else the folder's `test/` (or `val/`) subfolder
 //!   when the classes sit under `train/`, else a fixed fifth of the files (the split that
 //!   [`super::split()`] uses, so it never depends on the training seed). It is decoded into memory.
 
-use std::collections::BTreeSet;
-use std::io::{BufRead, Seek};
+use std::io::{BufRead, Cursor, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use image::{DynamicImage, ImageDecoder, ImageReader};
 
+use super::augment::Transform;
+use super::pipeline::{Decode, Feed, Flow, Item, Load, Pipeline, Plan, Producer};
 use super::split::held_out;
 use super::table::rank_indices;
-use super::{DataCursor, DataError, Dataset, InputShape, Source};
+use super::{DataCursor, DataError, Dataset, InputShape, Prep, Source};
 
 /// The file name extensions read as images (case-insensitive).
 pub const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -276,6 +281,11 @@ fn shape_of(root: &Path, headers: &[(&Path, Header)], sizing: Sizing) -> Result<
     Ok(InputShape { channels, height: height as usize, width: width as usize })
 }
 
+/// Decodes the image that `reader` reads.
+pub fn decode_image<R: BufRead + Seek>(reader: ImageReader<R>) -> Result<DynamicImage, String> {
+    reader.with_guessed_format().map_err(|e| e.to_string())?.decode().map_err(|e| e.to_string())
+}
+
 /// Decodes the image that `reader` reads into `out` (appended) as `shape`: resized when its size
 /// differs, grey or RGB by `shape.channels`, channel-major, scaled to [0, 1].
 pub fn decode<R: BufRead + Seek>(
@@ -283,28 +293,8 @@ pub fn decode<R: BufRead + Seek>(
     shape: InputShape,
     out: &mut Vec<f32>,
 ) -> Result<(), String> {
-    let image =
-        reader.with_guessed_format().map_err(|e| e.to_string())?.decode().map_err(|e| e.to_string())?;
-    let (w, h) = (shape.width as u32, shape.height as u32);
-    let image = if (image.width(), image.height()) == (w, h) {
-        image
-    } else {
-        image.resize_exact(w, h, image::imageops::FilterType::Triangle)
-    };
-    append_pixels(&image, shape.channels, out);
+    Transform::plain(shape).eval(decode_image(reader)?, out);
     Ok(())
-}
-
-fn append_pixels(image: &DynamicImage, channels: usize, out: &mut Vec<f32>) {
-    const SCALE: f32 = 1.0 / 255.0;
-    if channels == 1 {
-        out.extend(image.to_luma8().as_raw().iter().map(|&v| v as f32 * SCALE));
-    } else {
-        let rgb = image.to_rgb8();
-        for c in 0..3 {
-            out.extend(rgb.as_raw().chunks_exact(3).map(|px| px[c] as f32 * SCALE));
-        }
-    }
 }
 
 /// Decodes the file `path` into `out` as `shape` (see [`decode`]).
@@ -312,18 +302,19 @@ pub fn decode_file(path: &Path, shape: InputShape, out: &mut Vec<f32>) -> Result
     decode(ImageReader::open(path).map_err(|e| e.to_string())?, shape, out)
 }
 
-/// Decodes every image of `set` into a data set in memory (the test set), skipping with a
-/// warning the files that cannot be decoded.
-pub fn decode_all(set: &ImageSet) -> Dataset {
+/// Decodes every image of `set` into a data set in memory (the test set) as `transform` prepares
+/// a test image, skipping with a warning the files that cannot be decoded.
+pub fn decode_all(set: &ImageSet, transform: &Transform) -> Dataset {
     let mut features = Vec::with_capacity(set.files.len() * set.shape.features());
     let mut labels = Vec::with_capacity(set.files.len());
     let mut skipped = set.skipped;
     for f in &set.files {
-        let before = features.len();
-        match decode_file(&f.path, set.shape, &mut features) {
-            Ok(()) => labels.push(f.label),
+        match ImageReader::open(&f.path).map_err(|e| e.to_string()).and_then(decode_image) {
+            Ok(image) => {
+                transform.eval(image, &mut features);
+                labels.push(f.label);
+            }
             Err(e) => {
-                features.truncate(before);
                 skipped += 1;
                 tracing::warn!(
                     "skipping unreadable image {}: {e} ({skipped} skipped in {})",
@@ -336,29 +327,44 @@ pub fn decode_all(set: &ImageSet) -> Dataset {
     Dataset::classified(set.name.clone(), set.shape, set.classes.len(), features, labels)
 }
 
+/// How the pipeline's threads turn a sample into a training sample: decoded, then augmented by
+/// `transform` for the epoch.
+pub(crate) fn train_decoder(transform: Arc<Transform>) -> Decode {
+    Arc::new(move |item: &Item, epoch: u64| {
+        let image = match &item.load {
+            Load::File(path) => ImageReader::open(path).map_err(|e| e.to_string()).and_then(decode_image)?,
+            Load::Bytes(bytes) => decode_image(ImageReader::new(Cursor::new(bytes.as_slice())))?,
+        };
+        let mut out = Vec::with_capacity(transform.shape.features());
+        transform.train(image, epoch, item.id, &mut out);
+        Ok(out)
+    })
+}
+
 fn io_err(path: &Path, source: std::io::Error) -> DataError {
     DataError::Io { path: path.to_owned(), source }
 }
 
-/// Batches of an image folder for one rank, decoded as they are served (see the module
-/// documentation).
+/// Batches of an image folder for one rank, decoded and augmented ahead of the step (see the
+/// module documentation).
 #[derive(Debug)]
 pub struct ImageFolder {
-    set: ImageSet,
+    set: Arc<ImageSet>,
     batch_size: usize,
     seed: u64,
     rank: usize,
     world: usize,
     cursor: DataCursor,
-    order: Vec<u32>,
-    order_epoch: Option<u64>,
-    /// Files that failed to decode during training (never tried again).
-    bad: BTreeSet<u32>,
-    skipped: u64,
+    prep: Prep,
+    pipeline: Option<Pipeline>,
+    skipped: Arc<AtomicU64>,
+    /// Waits of the pipelines that a seek replaced.
+    waited: Duration,
 }
 
 impl ImageFolder {
-    /// Batches of `batch_size` images of `set` for rank `rank` of `world`, shuffled by `seed`.
+    /// Batches of `batch_size` images of `set` for rank `rank` of `world`, shuffled by `seed`,
+    /// decoded as [`Prep::plain`] says until [`ImageFolder::with_prep`].
     pub fn new(
         set: ImageSet,
         batch_size: usize,
@@ -367,40 +373,79 @@ impl ImageFolder {
         world: usize,
     ) -> Result<Self, DataError> {
         super::check_batches(&set.name, set.files.len() as u64, batch_size, rank, world)?;
-        let skipped = set.skipped;
+        let skipped = Arc::new(AtomicU64::new(set.skipped));
+        let prep = Prep::plain(set.shape);
         Ok(Self {
-            set,
+            set: Arc::new(set),
             batch_size,
             seed,
             rank,
             world,
             cursor: DataCursor::default(),
-            order: Vec::new(),
-            order_epoch: None,
-            bad: BTreeSet::new(),
+            prep,
+            pipeline: None,
             skipped,
+            waited: Duration::ZERO,
         })
     }
 
-    /// Decodes file `i` into `x`, or records it as bad (with a warning) and returns false.
-    fn try_decode(&mut self, i: u32, x: &mut Vec<f32>) -> bool {
-        if self.bad.contains(&i) {
-            return false;
-        }
-        let before = x.len();
-        let file = &self.set.files[i as usize];
-        match decode_file(&file.path, self.set.shape, x) {
-            Ok(()) => true,
-            Err(e) => {
-                x.truncate(before);
-                self.bad.insert(i);
-                self.skipped += 1;
-                tracing::warn!(
-                    "skipping unreadable image {}: {e} ({} skipped on this rank)",
-                    file.path.display(),
-                    self.skipped
-                );
-                false
+    /// The same batches, transformed and prepared as `prep` says.
+    pub fn with_prep(mut self, prep: Prep) -> Self {
+        self.prep = prep;
+        self.pipeline = None;
+        self
+    }
+
+    fn start(&mut self) {
+        let producer = FolderOrder {
+            set: Arc::clone(&self.set),
+            batch_size: self.batch_size,
+            seed: self.seed,
+            rank: self.rank,
+            world: self.world,
+        };
+        let plan = Plan {
+            batch: self.batch_size,
+            batches: self.batches_per_epoch(),
+            features: self.set.shape.features(),
+            threads: self.prep.threads,
+            prefetch: self.prep.prefetch,
+            sequence: (self.set.files.len() / self.world) as u64,
+        };
+        let decode = train_decoder(Arc::clone(&self.prep.transform));
+        self.pipeline = Some(Pipeline::start(producer, decode, plan, self.cursor, Arc::clone(&self.skipped)));
+    }
+}
+
+/// The files of a rank's epoch order ([`rank_indices`]), from a position on, wrapping at its end.
+struct FolderOrder {
+    set: Arc<ImageSet>,
+    batch_size: usize,
+    seed: u64,
+    rank: usize,
+    world: usize,
+}
+
+impl Producer for FolderOrder {
+    fn epoch(&mut self, epoch: u64, from: u64, feed: &mut Feed) -> Result<bool, DataError> {
+        let order =
+            rank_indices(self.set.files.len(), self.batch_size, self.seed, epoch, self.rank, self.world);
+        let n = order.len().max(1) as u64;
+        let mut pos = from;
+        loop {
+            let Some(&i) = order.get((pos % n) as usize) else { return Ok(false) };
+            let file = &self.set.files[i as usize];
+            let item = Item {
+                pos,
+                id: u64::from(i),
+                label: file.label,
+                name: file.path.display().to_string(),
+                load: Load::File(file.path.clone()),
+            };
+            match feed.send(item) {
+                Flow::Continue => pos += 1,
+                Flow::EpochDone => return Ok(true),
+                Flow::Gone => return Ok(false),
             }
         }
     }
@@ -434,49 +479,27 @@ impl Source for ImageFolder {
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError> {
         super::check_seek(cursor, self.batches_per_epoch())?;
         self.cursor = cursor;
+        if let Some(p) = self.pipeline.take() {
+            self.waited += p.waited();
+        }
         Ok(())
     }
 
     fn skipped(&self) -> u64 {
-        self.skipped
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    fn waited(&self) -> Duration {
+        self.waited + self.pipeline.as_ref().map_or(Duration::ZERO, Pipeline::waited)
     }
 
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError> {
-        let at = self.cursor;
-        if self.order_epoch != Some(at.epoch) {
-            self.order = rank_indices(
-                self.set.files.len(),
-                self.batch_size,
-                self.seed,
-                at.epoch,
-                self.rank,
-                self.world,
-            );
-            self.order_epoch = Some(at.epoch);
+        if self.pipeline.is_none() {
+            self.start();
         }
-        x.clear();
-        y.clear();
-        let start = at.batch as usize * self.batch_size;
-        let n = self.order.len();
-        for k in start..start + self.batch_size {
-            // An unreadable file's place goes to the next readable one of this rank's order.
-            let mut served = false;
-            for j in 0..n {
-                let i = self.order[(k + j) % n];
-                if self.try_decode(i, x) {
-                    y.push(self.set.files[i as usize].label);
-                    served = true;
-                    break;
-                }
-            }
-            if !served {
-                return Err(DataError::Config(format!(
-                    "{}: none of this rank's {n} images can be decoded; see the warnings above",
-                    self.set.name
-                )));
-            }
-        }
-        self.cursor = super::after(at, self.batches_per_epoch());
+        let Some(pipeline) = self.pipeline.as_mut() else { return Err(super::pipeline::stopped()) };
+        let (at, next) = pipeline.next(x, y)?;
+        self.cursor = next;
         Ok(at)
     }
 }

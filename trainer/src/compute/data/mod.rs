@@ -1,7 +1,8 @@
 //! Training data: where a rank's batches come from ([`Source`]: a shuffled table in memory,
-//! [`table::Loader`], or a stream of shard files, [`stream::ShardStream`]), the readers ([`csv`],
-//! [`idx`]), the data sets a spec names ([`builtin`]: MNIST-5k, scikit-learn's 8×8 digits, a
-//! user's files), seeded [`mod@synthetic`] data and the deterministic train/test [`mod@split`].
+//! [`table::Loader`], a stream of shard files, [`stream::ShardStream`], or images decoded and
+//! augmented ([`augment`]) by the prefetching [`pipeline`]), the readers ([`csv`], [`idx`]), the
+//! data sets a spec names ([`builtin`]: MNIST-5k, scikit-learn's 8×8 digits, a user's files and
+//! texts), seeded [`mod@synthetic`] data and the deterministic train/test [`mod@split`].
 //!
 //! Guarantees:
 //! - A file that is truncated, has the wrong number of columns, a value that is not a number, or a label
@@ -18,10 +19,12 @@
 //!   needs to resume the exact sequence.
 //! - Pixel values are scaled to [0, 1].
 
+pub mod augment;
 pub mod builtin;
 pub mod csv;
 pub mod idx;
 pub mod images;
+pub(crate) mod pipeline;
 pub mod shards;
 pub mod split;
 pub mod stream;
@@ -200,6 +203,19 @@ pub struct DataCursor {
     pub epoch: u64,
     /// Next batch within the epoch (0-based).
     pub batch: u64,
+    /// Position of the next unseen sample in the rank's sequence of the epoch (for a tar shard
+    /// stream: samples past the rank's first, in the epoch's shard order, so it names a shard and
+    /// an offset in it), when it is not `batch × batch size` because samples were skipped; the
+    /// image sources set it after every batch. `None`: `batch × batch size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<u64>,
+}
+
+impl DataCursor {
+    /// Batch `batch` of epoch `epoch`, its samples where no sample was skipped.
+    pub fn at(epoch: u64, batch: u64) -> Self {
+        Self { epoch, batch, sample: None }
+    }
 }
 
 /// Where a rank's training batches come from: a shuffled table in memory ([`Loader`]) or a stream
@@ -211,8 +227,10 @@ pub struct DataCursor {
 /// they would have. Tables, CSV streams and image folders also give batch equivalence: rank r of
 /// w takes the r-th slice of each global batch of w × batch samples, so p ranks step like one
 /// process with the p× batch. Tar shards ([`ShardReader`]) give each rank a contiguous run of the
-/// epoch's sequence instead, so that a rank reads only its own shards; a resumed shard stream
-/// counts its way to its batch, so an unreadable sample before it shifts it by one.
+/// epoch's sequence instead, so that a rank reads only its own shards. The image sources skip an
+/// unreadable sample and take the next of the rank's sequence in its place; their cursor then
+/// records the position of the next unseen sample ([`DataCursor::sample`]), so seeking to it
+/// continues exactly, with no sample seen twice or left out.
 pub trait Source: std::fmt::Debug + Send {
     /// Where the samples come from, for messages.
     fn name(&self) -> &str;
@@ -233,6 +251,10 @@ pub trait Source: std::fmt::Debug + Send {
     /// Samples skipped so far because they could not be read (each named in a warning).
     fn skipped(&self) -> u64 {
         0
+    }
+    /// Time [`Source::next_batch`] waited for data that was not ready (decoding behind the step).
+    fn waited(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
     }
 }
 
@@ -291,18 +313,59 @@ impl TrainSet {
         }
     }
 
-    /// Rank `rank` of `world`'s batches of `batch_size`, shuffled by `seed`.
+    /// Rank `rank` of `world`'s batches of `spec.batchSize`, shuffled by `seed`; images are
+    /// transformed and prepared as `spec` says ([`Prep::of`]).
     pub fn source(
         self,
-        batch_size: usize,
+        spec: &tandem_api::DataSpec,
         seed: u64,
         rank: usize,
         world: usize,
     ) -> Result<Box<dyn Source>, DataError> {
+        let batch_size = spec.batch_size as usize;
         Ok(match self {
             TrainSet::Table(d) => Box::new(Loader::new(d, batch_size, seed, rank, world)?),
-            TrainSet::Images(s) => Box::new(ImageFolder::new(s, batch_size, seed, rank, world)?),
-            TrainSet::Shards(s) => Box::new(ShardReader::new(s, batch_size, seed, rank, world)?),
+            TrainSet::Images(s) => {
+                let prep = Prep::of(spec, s.shape, seed)?;
+                Box::new(ImageFolder::new(s, batch_size, seed, rank, world)?.with_prep(prep))
+            }
+            TrainSet::Shards(s) => {
+                let prep = Prep::of(spec, s.shape, seed)?;
+                Box::new(ShardReader::new(s, batch_size, seed, rank, world)?.with_prep(prep))
+            }
+        })
+    }
+}
+
+/// How an image source prepares its batches: the transforms and the pipeline's size.
+#[derive(Clone, Debug)]
+pub struct Prep {
+    /// What is done to each image.
+    pub transform: std::sync::Arc<augment::Transform>,
+    /// Decoding threads.
+    pub threads: usize,
+    /// Ready batches queued ahead of the step.
+    pub prefetch: usize,
+}
+
+impl Prep {
+    /// Decoding only (images resized to `shape`), on the default threads, two batches ahead.
+    pub fn plain(shape: InputShape) -> Self {
+        Self {
+            transform: std::sync::Arc::new(augment::Transform::plain(shape)),
+            threads: pipeline::default_threads(),
+            prefetch: 2,
+        }
+    }
+
+    /// What `spec` asks for (`augment`, `normalize`, `evalResize`, `loader`) for samples of
+    /// `shape`, augmentation seeded by `seed`.
+    pub fn of(spec: &tandem_api::DataSpec, shape: InputShape, seed: u64) -> Result<Self, DataError> {
+        let loader = spec.loader.clone().unwrap_or_default();
+        Ok(Self {
+            transform: std::sync::Arc::new(augment::Transform::of(spec, shape, seed)?),
+            threads: loader.threads.map_or_else(pipeline::default_threads, |t| t as usize),
+            prefetch: loader.prefetch_batches.unwrap_or(2) as usize,
         })
     }
 }
@@ -343,8 +406,8 @@ pub(crate) fn check_seek(cursor: DataCursor, batches: u64) -> Result<(), DataErr
 /// The cursor after `at` in epochs of `batches` batches.
 pub(crate) fn after(at: DataCursor, batches: u64) -> DataCursor {
     if at.batch + 1 == batches {
-        DataCursor { epoch: at.epoch + 1, batch: 0 }
+        DataCursor::at(at.epoch + 1, 0)
     } else {
-        DataCursor { epoch: at.epoch, batch: at.batch + 1 }
+        DataCursor::at(at.epoch, at.batch + 1)
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! Expected flow: [`ShardSet::open`] walks every shard's headers once (skipping image data by
 //! seeking; reading only the small `.cls` members) to count its samples and classes and to read
-//! the first image's shape; [`ShardReader`] then streams a rank's samples from a reader thread
-//! through a bounded queue.
+//! the first image's shape; [`ShardReader`] then streams a rank's samples: a reader thread reads
+//! the tar members in sequence and the [`super::pipeline`]'s threads decode and augment them
+//! ahead of the step, through bounded queues.
 //!
 //! Order and sharding: each epoch visits the shards in a permutation drawn from (seed, epoch),
 //! samples in file order; of the epoch's N samples, rank r of w takes the contiguous run
@@ -18,23 +19,27 @@
 //! Guarantees: a truncated member ends its shard at the count pass with a warning naming the shard
 //! and the member, and is counted; an image that cannot be decoded, or a `.cls` that is not a
 //! class, is skipped with a warning naming the shard and key, and counted ([`Source::skipped`]):
-//! its place goes to the next sample of the epoch's sequence.
+//! its place goes to the next sample of the epoch's sequence. The cursor after every batch
+//! records the position of the next unseen sample ([`DataCursor::sample`]: with the epoch's shard
+//! order it names the shard and the offset in it), so a stream resumed there continues exactly.
 //!
 //! Caveats: the sample shape is the first image's (channels too) unless `data.imageSize` is set;
-//! other sizes are resized to it. A resumed stream skips to its batch by counting samples, so a
-//! corrupt sample before that point shifts it by one.
+//! other sizes are resized to it. A sample that replaces a corrupt one comes from past the rank's
+//! run (the next rank's first), so with corrupt data a sample may be seen by two ranks in an epoch.
 
 use std::fs::File;
 use std::io::{BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::time::Duration;
 
 use image::ImageReader;
 
+use super::augment::Transform;
 use super::images::{self, IMAGE_EXTENSIONS};
-use super::{DataCursor, DataError, Dataset, InputShape, Source};
+use super::pipeline::{Feed, Flow, Item, Load, Pipeline, Plan, Producer};
+use super::{DataCursor, DataError, Dataset, InputShape, Prep, Source};
 use crate::compute::rng::Rng;
 
 /// The shard files that `location` names: a folder's `.tar` files sorted by name, a brace
@@ -333,8 +338,9 @@ impl ShardSet {
         self.samples.iter().sum()
     }
 
-    /// Decodes every sample into a data set in memory (the test set), with `classes` classes.
-    pub fn decode_all(&self, classes: usize) -> Result<Dataset, DataError> {
+    /// Decodes every sample into a data set in memory (the test set), with `classes` classes,
+    /// as `transform` prepares a test image.
+    pub fn decode_all(&self, classes: usize, transform: &Transform) -> Result<Dataset, DataError> {
         let (mut features, mut labels) = (Vec::new(), Vec::new());
         let mut skipped = self.skipped;
         for path in &self.shards {
@@ -343,8 +349,11 @@ impl ShardSet {
                 |_| true,
                 |_, m| {
                     if let Some(bytes) = m.image {
-                        match decode_into(&bytes, self.shape, &mut features) {
-                            Ok(()) => labels.push(m.label),
+                        match images::decode_image(ImageReader::new(Cursor::new(&bytes))) {
+                            Ok(image) => {
+                                transform.eval(image, &mut features);
+                                labels.push(m.label);
+                            }
                             Err(e) => {
                                 skipped += 1;
                                 tracing::warn!(
@@ -367,21 +376,8 @@ impl ShardSet {
     }
 }
 
-/// Decodes `bytes` into `out` as `shape`; on failure `out` is as it was.
-fn decode_into(bytes: &[u8], shape: InputShape, out: &mut Vec<f32>) -> Result<(), String> {
-    let before = out.len();
-    let r = images::decode(ImageReader::new(Cursor::new(bytes)), shape, out);
-    if r.is_err() {
-        out.truncate(before);
-    }
-    r
-}
-
-/// A decoded sample, or the reader's error.
-type Item = Result<(Vec<f32>, u32), DataError>;
-
-/// Batches of tar shards for one rank, read and decoded by a thread ahead of the step through a
-/// bounded queue (see the module documentation).
+/// Batches of tar shards for one rank, read by a thread and decoded and augmented by the
+/// pipeline's ahead of the step (see the module documentation).
 #[derive(Debug)]
 pub struct ShardReader {
     set: Arc<ShardSet>,
@@ -390,12 +386,16 @@ pub struct ShardReader {
     rank: usize,
     world: usize,
     cursor: DataCursor,
-    queue: Option<Receiver<Item>>,
+    prep: Prep,
+    pipeline: Option<Pipeline>,
     skipped: Arc<AtomicU64>,
+    /// Waits of the pipelines that a seek replaced.
+    waited: Duration,
 }
 
 impl ShardReader {
-    /// Batches of `batch_size` samples of `set` for rank `rank` of `world`, shards shuffled by `seed`.
+    /// Batches of `batch_size` samples of `set` for rank `rank` of `world`, shards shuffled by
+    /// `seed`, decoded as [`Prep::plain`] says until [`ShardReader::with_prep`].
     pub fn new(
         set: ShardSet,
         batch_size: usize,
@@ -405,6 +405,7 @@ impl ShardReader {
     ) -> Result<Self, DataError> {
         super::check_batches(&set.name, set.total(), batch_size, rank, world)?;
         let skipped = Arc::new(AtomicU64::new(set.skipped));
+        let prep = Prep::plain(set.shape);
         Ok(Self {
             set: Arc::new(set),
             batch_size,
@@ -412,9 +413,18 @@ impl ShardReader {
             rank,
             world,
             cursor: DataCursor::default(),
-            queue: None,
+            prep,
+            pipeline: None,
             skipped,
+            waited: Duration::ZERO,
         })
+    }
+
+    /// The same batches, transformed and prepared as `prep` says.
+    pub fn with_prep(mut self, prep: Prep) -> Self {
+        self.prep = prep;
+        self.pipeline = None;
+        self
     }
 
     /// The order in which epoch `epoch` visits the shards.
@@ -422,21 +432,39 @@ impl ShardReader {
         shard_order(self.set.shards.len(), self.seed, epoch)
     }
 
-    /// Starts the reader thread at `cursor`.
-    fn start(&mut self, cursor: DataCursor) {
-        // A queue of two batches: the next one decodes while the step computes.
-        let (tx, rx) = sync_channel(2 * self.batch_size);
-        let job = ReadJob {
+    /// The shard (an index of [`ShardSet::shards`]) and the sample in it at position `sample`
+    /// of this rank's sequence of `epoch` (what [`DataCursor::sample`] counts).
+    pub fn locate(&self, epoch: u64, sample: u64) -> Option<(usize, u64)> {
+        let set = &self.set;
+        let total = set.total();
+        let mut at = (self.rank as u64 * (total / self.world as u64) + sample) % total.max(1);
+        for s in self.shard_order(epoch) {
+            if at < set.samples[s] {
+                return Some((s, at));
+            }
+            at -= set.samples[s];
+        }
+        None
+    }
+
+    /// Starts the reader thread and the decoders at the cursor.
+    fn start(&mut self) {
+        let producer = ShardSequence {
             set: Arc::clone(&self.set),
             seed: self.seed,
             rank: self.rank as u64,
             world: self.world as u64,
-            used: self.batches_per_epoch() * self.batch_size as u64,
-            skipped: Arc::clone(&self.skipped),
         };
-        let from = cursor.batch * self.batch_size as u64;
-        std::thread::spawn(move || job.run(cursor.epoch, from, tx));
-        self.queue = Some(rx);
+        let plan = Plan {
+            batch: self.batch_size,
+            batches: self.batches_per_epoch(),
+            features: self.set.shape.features(),
+            threads: self.prep.threads,
+            prefetch: self.prep.prefetch,
+            sequence: self.set.total(),
+        };
+        let decode = images::train_decoder(Arc::clone(&self.prep.transform));
+        self.pipeline = Some(Pipeline::start(producer, decode, plan, self.cursor, Arc::clone(&self.skipped)));
     }
 }
 
@@ -446,102 +474,76 @@ fn shard_order(shards: usize, seed: u64, epoch: u64) -> Vec<usize> {
     order
 }
 
-/// What the reader thread reads: a rank's `used` samples of every epoch.
-struct ReadJob {
+/// What the reader thread reads: a rank's run of every epoch's sequence.
+struct ShardSequence {
     set: Arc<ShardSet>,
     seed: u64,
     rank: u64,
     world: u64,
-    used: u64,
-    skipped: Arc<AtomicU64>,
 }
 
-impl ReadJob {
-    /// Sends the rank's samples from sample `from` of its range in `epoch` on, epoch after
-    /// epoch, until the receiver is gone.
-    fn run(self, mut epoch: u64, mut from: u64, tx: SyncSender<Item>) {
-        loop {
-            if let Err(e) = self.epoch(epoch, from, &tx) {
-                let _ = tx.send(Err(e));
-                return;
-            }
-            if tx.send(Ok((Vec::new(), u32::MAX))).is_err() {
-                return;
-            }
-            epoch += 1;
-            from = 0;
-        }
-    }
-
-    /// Sends samples `from..used` of this rank's range of `epoch`; false when the receiver is
-    /// gone. A sample that cannot be decoded is replaced by the next of the epoch's sequence.
-    fn epoch(&self, epoch: u64, from: u64, tx: &SyncSender<Item>) -> Result<(), DataError> {
+impl Producer for ShardSequence {
+    /// Reads the epoch's sequence from sample `from` of this rank's run on (wrapping at the
+    /// epoch's end), one shard after another, for as long as `feed` asks.
+    fn epoch(&mut self, epoch: u64, from: u64, feed: &mut Feed) -> Result<bool, DataError> {
         let set = &self.set;
         let order = shard_order(set.shards.len(), self.seed, epoch);
-        let total = set.total();
-        let start = self.rank * (total / self.world) + from;
-        let mut need = self.used.saturating_sub(from);
-        // Walk the epoch's sequence from `start`, wrapping at its end, until `need` samples went.
-        let mut before = 0u64;
+        let total = set.total().max(1);
+        let mut start = (self.rank * (total / self.world) + from) % total;
         let mut first = None;
         for (slot, &s) in order.iter().enumerate() {
-            if start < before + set.samples[s] {
-                first = Some((slot, start - before));
+            if start < set.samples[s] {
+                first = Some((slot, start));
                 break;
             }
-            before += set.samples[s];
+            start -= set.samples[s];
         }
-        let Some((mut slot, mut skip)) = first else { return Ok(()) };
-        let mut gone = false;
-        let mut laps = 0;
-        while need > 0 && !gone {
-            let path = &set.shards[order[slot]];
-            let mut decoded_any = false;
+        let Some((mut slot, mut skip)) = first else {
+            return Err(DataError::Config(format!(
+                "{}: position {from} is past the end of epoch {epoch}",
+                set.name
+            )));
+        };
+        let mut pos = from;
+        let mut idle_slots = 0;
+        loop {
+            let shard = order[slot];
+            let path = &set.shards[shard];
+            let mut flow = Flow::Continue;
+            let mut sent = false;
             walk(
                 path,
                 |i| i >= skip,
                 |i, m| {
-                    if i < skip {
-                        return true;
-                    }
-                    let Some(bytes) = m.image else { return true };
-                    let mut x = Vec::with_capacity(set.shape.features());
-                    match decode_into(&bytes, set.shape, &mut x) {
-                        Ok(()) => {
-                            decoded_any = true;
-                            if tx.send(Ok((x, m.label))).is_err() {
-                                gone = true;
-                                return false;
-                            }
-                            need -= 1;
-                            need > 0
-                        }
-                        Err(e) => {
-                            let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
-                            tracing::warn!(
-                                "skipping unreadable image {} of shard {}: {e} ({n} skipped on this rank)",
-                                m.key,
-                                path.display()
-                            );
-                            true
-                        }
-                    }
+                    let Some(bytes) = m.image.filter(|_| i >= skip) else { return true };
+                    sent = true;
+                    let item = Item {
+                        pos,
+                        id: ((shard as u64) << 32) | i,
+                        label: m.label,
+                        name: format!("{}:{}", path.display(), m.key),
+                        load: Load::Bytes(bytes),
+                    };
+                    pos += 1;
+                    flow = feed.send(item);
+                    flow == Flow::Continue
                 },
             )?;
-            skip = 0;
-            slot += 1;
-            if slot == order.len() {
-                slot = 0;
-                laps += 1;
-                if laps > 1 && !decoded_any {
-                    return Err(DataError::Config(format!(
-                        "{}: no image of the shards can be decoded",
-                        set.name
-                    )));
-                }
+            match flow {
+                Flow::EpochDone => return Ok(true),
+                Flow::Gone => return Ok(false),
+                Flow::Continue => {}
             }
+            idle_slots = if sent { 0 } else { idle_slots + 1 };
+            if idle_slots > order.len() {
+                return Err(DataError::Config(format!(
+                    "{}: the shards hold no sample now; did they change while training?",
+                    set.name
+                )));
+            }
+            skip = 0;
+            slot = (slot + 1) % order.len();
         }
-        Ok(())
     }
 }
 
@@ -573,7 +575,9 @@ impl Source for ShardReader {
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError> {
         super::check_seek(cursor, self.batches_per_epoch())?;
         self.cursor = cursor;
-        self.queue = None;
+        if let Some(p) = self.pipeline.take() {
+            self.waited += p.waited();
+        }
         Ok(())
     }
 
@@ -581,35 +585,17 @@ impl Source for ShardReader {
         self.skipped.load(Ordering::Relaxed)
     }
 
+    fn waited(&self) -> Duration {
+        self.waited + self.pipeline.as_ref().map_or(Duration::ZERO, Pipeline::waited)
+    }
+
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError> {
-        let at = self.cursor;
-        if self.queue.is_none() {
-            self.start(at);
+        if self.pipeline.is_none() {
+            self.start();
         }
-        x.clear();
-        y.clear();
-        let lost = || DataError::Config("the shard reader thread stopped; see the warnings above".into());
-        while y.len() < self.batch_size {
-            let Some(queue) = &self.queue else { return Err(lost()) };
-            let (sample, label) = queue.recv().map_err(|_| lost())??;
-            if label == u32::MAX {
-                continue; // an epoch's end marker; the reader sends exactly an epoch's batches before one
-            }
-            x.extend_from_slice(&sample);
-            y.push(label);
-        }
-        let last = at.batch + 1 == self.batches_per_epoch();
-        if last {
-            // The reader marks the epoch's end next.
-            if let Some(queue) = &self.queue {
-                match queue.recv() {
-                    Ok(Ok((_, u32::MAX))) => {}
-                    Ok(Err(e)) => return Err(e),
-                    _ => return Err(lost()),
-                }
-            }
-        }
-        self.cursor = super::after(at, self.batches_per_epoch());
+        let Some(pipeline) = self.pipeline.as_mut() else { return Err(super::pipeline::stopped()) };
+        let (at, next) = pipeline.next(x, y)?;
+        self.cursor = next;
         Ok(at)
     }
 }

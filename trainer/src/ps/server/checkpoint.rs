@@ -101,7 +101,7 @@ impl JobIdentity {
         let (spec, t) = (&config.spec, &config.spec.training);
         let fields = serde_json::json!({
             "model": spec.model,
-            "data": spec.data,
+            "data": spec.data.identity(),
             "optimizer": t.optimizer,
             "algorithm": t.algorithm,
             "seed": t.seed,

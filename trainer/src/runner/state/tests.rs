@@ -70,7 +70,7 @@ impl Run {
 }
 
 fn progress(group: u32, step: u64, samples: u64) -> Line {
-    Line::Progress { group, step, loss: Some(0.5), accuracy: None, samples }
+    Line::Progress { group, step, loss: Some(0.5), accuracy: None, samples, data_wait: 0.25, skipped: 1 }
 }
 
 fn spawns(commands: &[Command]) -> Vec<(ProcId, Role, u32)> {
@@ -253,6 +253,8 @@ fn progress_is_merged_and_lines_of_replaced_processes_are_ignored() {
         loss: Some(0.5),
         accuracy: None,
         samples: 6400,
+        data_wait: 0.25,
+        skipped: 1,
     };
     assert_eq!(out, [Command::Emit(expected)]);
     run.exit(G0R0, Exit::Signal(9), 0.0);

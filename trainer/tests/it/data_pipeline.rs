@@ -1,0 +1,357 @@
+//! The image pipeline as a user relies on it: batches do not depend on the decoding threads,
+//! augmentation is reproducible, an unreadable sample is skipped and counted, a stream resumed at
+//! its cursor continues with the next unseen sample — in-process, and with real `tandem worker`
+//! processes whose group is stopped by SIGTERM mid-epoch and restarted — and a text file trains a
+//! small GPT.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tandem::compute::data::augment::{Crop, Transform};
+use tandem::compute::data::images::{self, Sizing};
+use tandem::compute::data::{self, DataCursor, ImageFolder, Prep, ShardReader, ShardSet, Source};
+use tandem_api::{TextTokens, contract};
+
+use crate::preemption::{Worker, stopped_at};
+use crate::ps_common::Job;
+
+const SIDE: u32 = 4;
+
+/// A 4 × 4 grey PNG whose first two pixels spell `id`.
+fn numbered_png(id: u32) -> Vec<u8> {
+    let mut pixels = vec![0u8; (SIDE * SIDE) as usize];
+    pixels[0] = (id % 256) as u8;
+    pixels[1] = (id / 256) as u8;
+    let mut out = Vec::new();
+    image::GrayImage::from_raw(SIDE, SIDE, pixels)
+        .unwrap()
+        .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+        .unwrap();
+    out
+}
+
+/// The ids of a batch of numbered samples.
+fn ids(x: &[f32]) -> Vec<u32> {
+    x.chunks((SIDE * SIDE) as usize)
+        .map(|s| (s[0] * 255.0).round() as u32 + 256 * (s[1] * 255.0).round() as u32)
+        .collect()
+}
+
+/// Writes `shards` tar files of `per` numbered samples (`<id>.png` + `<id>.cls`, class id % 3)
+/// into `dir`; the samples at (shard, offset) in `corrupt` get bytes that are no image, under a
+/// readable name, so that only decoding finds them out.
+fn write_shards(dir: &Path, shards: usize, per: usize, corrupt: &[(usize, usize)]) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    for s in 0..shards {
+        let file = std::fs::File::create(dir.join(format!("part-{s:03}.tar"))).unwrap();
+        let mut tar = tar::Builder::new(file);
+        for o in 0..per {
+            let id = (s * per + o) as u32;
+            let image = if corrupt.contains(&(s, o)) { b"not an image".to_vec() } else { numbered_png(id) };
+            let class = (id % 3).to_string();
+            for (name, bytes) in
+                [(format!("{id:06}.png"), image), (format!("{id:06}.cls"), class.into_bytes())]
+            {
+                let mut h = tar::Header::new_ustar();
+                h.set_size(bytes.len() as u64);
+                h.set_mode(0o644);
+                h.set_entry_type(tar::EntryType::Regular);
+                tar.append_data(&mut h, &name, bytes.as_slice()).unwrap();
+            }
+        }
+        tar.finish().unwrap();
+    }
+    dir.display().to_string()
+}
+
+/// Every batch of `source` from its cursor to the end of its epoch, as ids.
+fn rest_of_epoch(source: &mut dyn Source) -> Vec<Vec<u32>> {
+    let epoch = source.cursor().epoch;
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let mut out = Vec::new();
+    while source.cursor().epoch == epoch {
+        source.next_batch(&mut x, &mut y).unwrap();
+        assert_eq!(y.len() * (SIDE * SIDE) as usize, x.len());
+        out.push(ids(&x));
+    }
+    out
+}
+
+fn prep(threads: usize, transform: Transform) -> Prep {
+    Prep { transform: Arc::new(transform), threads, prefetch: 2 }
+}
+
+#[test]
+fn batches_and_augmentation_do_not_depend_on_the_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let location = write_shards(&dir.path().join("shards"), 4, 30, &[]);
+    let set = ShardSet::open(&location, None).unwrap();
+    let shape = set.shape;
+    let augmented = Transform { crop: Crop::Pad(1), flip: true, seed: 5, ..Transform::plain(shape) };
+    let run = |threads: usize, transform: &Transform| {
+        let mut r =
+            ShardReader::new(set.clone(), 8, 3, 1, 2).unwrap().with_prep(prep(threads, transform.clone()));
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        let mut all = Vec::new();
+        for _ in 0..2 * r.batches_per_epoch() {
+            r.next_batch(&mut x, &mut y).unwrap();
+            all.push((x.clone(), y.clone()));
+        }
+        all
+    };
+    let one = run(1, &augmented);
+    assert_eq!(one, run(3, &augmented), "3 threads give other batches than 1");
+    let plain = run(2, &Transform::plain(shape));
+    assert_ne!(one, plain, "the augmentation changed nothing");
+    // Same samples in the same order: only the pixels moved.
+    assert_eq!(
+        one.iter().map(|(_, y)| y.clone()).collect::<Vec<_>>(),
+        plain.iter().map(|(_, y)| y.clone()).collect::<Vec<_>>()
+    );
+    // The epochs draw differently: the same sample is not augmented the same way twice.
+    let per_epoch = one.len() / 2;
+    assert_ne!(one[..per_epoch], one[per_epoch..]);
+}
+
+#[test]
+fn a_stream_resumed_at_its_cursor_sees_the_next_unseen_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    // An unreadable sample early in every shard: 3 in each rank's run of 60, which has 4 to spare
+    // (7 batches of 8).
+    let location =
+        write_shards(&dir.path().join("shards"), 6, 20, &[(0, 2), (1, 3), (2, 1), (3, 4), (4, 0), (5, 5)]);
+    let set = ShardSet::open(&location, None).unwrap();
+    assert_eq!(set.total(), 120, "the count pass does not decode: every sample counts");
+    let (batch, world) = (8, 2);
+    let mut seen = BTreeSet::new();
+    for rank in 0..world {
+        let mut straight = ShardReader::new(set.clone(), batch, 9, rank, world).unwrap();
+        let whole = rest_of_epoch(&mut straight);
+        assert_eq!(whole.len() as u64, straight.batches_per_epoch());
+        // Its 3, and those of the next epoch that the prefetch may have met already.
+        assert!(straight.skipped() >= 3, "rank {rank} skipped {}", straight.skipped());
+        for k in 1..whole.len() {
+            let mut first = ShardReader::new(set.clone(), batch, 9, rank, world).unwrap();
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            for _ in 0..k {
+                first.next_batch(&mut x, &mut y).unwrap();
+            }
+            let cursor = first.cursor();
+            // Through the checkpoint's encoding.
+            let cursor: DataCursor = serde_json::from_str(&serde_json::to_string(&cursor).unwrap()).unwrap();
+            let mut resumed = ShardReader::new(set.clone(), batch, 9, rank, world).unwrap();
+            resumed.seek(cursor).unwrap();
+            assert_eq!(rest_of_epoch(&mut resumed), whole[k..], "rank {rank} resumed after batch {k}");
+        }
+        for id in whole.concat() {
+            assert!(seen.insert(id), "sample {id} seen twice in the epoch");
+        }
+    }
+    let corrupt: BTreeSet<u32> = [2, 23, 41, 64, 80, 105].into();
+    assert!(seen.is_disjoint(&corrupt));
+
+    // An image folder: the same.
+    let root = dir.path().join("folder");
+    for id in 0..90u32 {
+        let class = root.join(format!("c{}", id % 3));
+        std::fs::create_dir_all(&class).unwrap();
+        let bytes = if id % 17 == 5 { b"garbage".to_vec() } else { numbered_png(id) };
+        std::fs::write(class.join(format!("{id:04}.png")), bytes).unwrap();
+    }
+    std::fs::write(root.join("c0/0003.png"), &numbered_png(3)[..40]).unwrap();
+    let folder = images::open(&root, None, Sizing::Own).unwrap();
+    let batch = 4;
+    for rank in 0..world {
+        let mut straight = ImageFolder::new(folder.train.clone(), batch, 4, rank, world).unwrap();
+        let whole = rest_of_epoch(&mut straight);
+        let flat = whole.concat();
+        assert_eq!(flat.iter().collect::<BTreeSet<_>>().len(), flat.len(), "rank {rank}: a file twice");
+        for k in [1, whole.len() / 2, whole.len() - 1] {
+            let mut first = ImageFolder::new(folder.train.clone(), batch, 4, rank, world).unwrap();
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            for _ in 0..k {
+                first.next_batch(&mut x, &mut y).unwrap();
+            }
+            let mut resumed = ImageFolder::new(folder.train.clone(), batch, 4, rank, world).unwrap();
+            resumed.seek(first.cursor()).unwrap();
+            assert_eq!(rest_of_epoch(&mut resumed), whole[k..], "rank {rank} resumed after batch {k}");
+        }
+    }
+}
+
+/// The samples a worker's log says it served: (epoch, batch, ids), from its `tandem::samples`
+/// trace lines.
+fn served(log: &str) -> Vec<(u64, u64, Vec<u32>)> {
+    log.lines()
+        .filter_map(|l| l.split_once("tandem::samples: ").map(|(_, rest)| rest))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            // "epoch E batch B served <shard>:<key> …"
+            let (epoch, batch) = (words[1].parse().unwrap(), words[3].parse().unwrap());
+            let ids = words[5..]
+                .iter()
+                .map(|name| name.rsplit_once(':').unwrap().1.parse::<u32>().unwrap())
+                .collect();
+            (epoch, batch, ids)
+        })
+        .collect()
+}
+
+#[test]
+fn a_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once() {
+    let _one = crate::runner_support::one_job_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    // 2 ranks × 1030 samples, batches of 8: 128 batches and 6 samples to spare per rank.
+    let (shards, per, batch, seed) = (20usize, 103usize, 8usize, 21u64);
+    let shard_dir = dir.path().join("shards");
+    let location = write_shards(&shard_dir, shards, per, &[]);
+    let set = ShardSet::open(&location, None).unwrap();
+    // An unreadable sample early in each rank's run, and one more in rank 0's, so that each
+    // rank's stream is shifted before the stop.
+    let order = ShardReader::new(set.clone(), batch, seed, 0, 2).unwrap().shard_order(0);
+    write_shards(&shard_dir, shards, per, &[(order[0], 1), (order[10], 2), (order[1], 7)]);
+    let expected: Vec<Vec<Vec<u32>>> = (0..2)
+        .map(|rank| rest_of_epoch(&mut ShardReader::new(set.clone(), batch, seed, rank, 2).unwrap()))
+        .collect();
+    let test = write_shards(&dir.path().join("test"), 1, 40, &[]);
+    let job = Job::with_spec(serde_json::json!({
+        // Wide enough that a step takes milliseconds and the stop lands inside the first epoch.
+        "model": {"kind": "mlp", "hidden": [1024, 1024]},
+        "data": {"source": "shards", "path": location, "testPath": test, "batchSize": batch},
+        "training": {
+            "algorithm": "allreduce",
+            "steps": 140,
+            "seed": seed,
+            "evalEverySteps": 0,
+            "optimizer": {"kind": "sgd", "learningRate": 0.01},
+            "checkpoint": {"everySteps": 0}
+        },
+        "parameterServers": {"replicas": 0},
+        "workers": {"groups": 1, "groupSize": 2, "minGroups": 1, "maxGroups": 1, "backend": "tcp"}
+    }));
+    let trace = [("RUST_LOG", "info,tandem::samples=trace")];
+    job.write_topology(&[], &[crate::preemption::free_ports(2)]);
+    let mut ranks = [Worker::spawn_with(&job, 0, 0, &trace), Worker::spawn_with(&job, 1, 0, &trace)];
+    ranks[0].wait_for_progress();
+    ranks[1].sigterm();
+    for (r, w) in ranks.iter_mut().enumerate() {
+        let status = w.wait(Duration::from_secs(120));
+        assert_eq!(status.code(), Some(contract::EXIT_PREEMPTED), "rank {r}: {status:?}\n{}", w.log_text());
+    }
+    let step = stopped_at(&ranks[0].log_text());
+    assert!(step < 128, "the stop should land inside the first epoch (128 steps), not at step {step}");
+    let mut again = [Worker::spawn_with(&job, 0, 1, &trace), Worker::spawn_with(&job, 1, 1, &trace)];
+    for (r, w) in again.iter_mut().enumerate() {
+        let status = w.wait(Duration::from_secs(300));
+        assert!(status.success(), "rank {r} of the restarted group: {status:?}\n{}", w.log_text());
+        assert_eq!(w.finished()["start_step"].as_u64(), Some(step));
+    }
+    let mut seen = BTreeSet::new();
+    for rank in 0..2 {
+        // What the steps trained on: the first attempt's batches up to the stop, then the restart's.
+        let first: Vec<(u64, u64, Vec<u32>)> = served(&ranks[rank].log_text());
+        let second = served(&again[rank].log_text());
+        assert_eq!(first.len() as u64, step, "rank {rank}: one batch per completed step");
+        assert_eq!(second.first().map(|b| (b.0, b.1)), Some((0, step)), "rank {rank} resumes at its batch");
+        let epoch0: Vec<Vec<u32>> =
+            first.iter().chain(&second).filter(|b| b.0 == 0).map(|b| b.2.clone()).collect();
+        assert_eq!(
+            epoch0, expected[rank],
+            "rank {rank}: the epoch's batches differ from an uninterrupted run"
+        );
+        for id in epoch0.concat() {
+            assert!(seen.insert(id), "sample {id} seen twice in epoch 0");
+        }
+        assert_eq!(first.len() + second.len(), 140, "rank {rank}: one batch per step of the job");
+    }
+    // Every readable sample of the epoch's runs, none left out, none twice: 2 × 128 × 8.
+    assert_eq!(seen.len(), 2 * 128 * batch);
+    assert!(ranks[0].log_text().contains("skipping unreadable image"), "{}", ranks[0].log_text());
+    assert!(ranks[0].log_text().contains(".tar:"), "the warning names the shard and the sample");
+}
+
+fn text_job(dir: &Path, name: &str, path: &Path, tokens: &str, steps: u64) -> PathBuf {
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {{name: {name}}}
+spec:
+  model: {{kind: gpt, layers: 1, heads: 2, dim: 32, context: 16}}
+  data: {{source: text, path: {}, tokens: {tokens}, batchSize: 16}}
+  training:
+    algorithm: allreduce
+    optimizer: {{kind: adamw, learningRate: 0.01}}
+    steps: {steps}
+    evalEverySteps: 0
+  workers: {{groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}}
+",
+            path.display()
+        ),
+    )
+    .unwrap();
+    file
+}
+
+#[test]
+fn a_small_gpt_learns_a_text_file_and_bad_texts_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    // A regular text: after a few characters of a line the rest is determined.
+    let mut text = String::new();
+    for i in 0..600 {
+        let animal = ["cat", "dog", "owl", "fox"][i % 4];
+        text.push_str(&format!("the {animal} sat on the mat. é\n"));
+    }
+    let book = dir.path().join("book.txt");
+    std::fs::write(&book, &text).unwrap();
+    let (tokens, vocab) = data::text::read_text(&book, TextTokens::Characters).unwrap();
+    assert_eq!(tokens.len(), text.chars().count());
+    let distinct: BTreeSet<char> = text.chars().collect();
+    assert_eq!(vocab, distinct.len(), "the vocabulary is the text's distinct characters");
+    let (bytes, byte_vocab) = data::text::read_text(&book, TextTokens::Bytes).unwrap();
+    assert_eq!((bytes.len(), byte_vocab), (text.len(), 256));
+
+    let file = text_job(dir.path(), "book", &book, "characters", 300);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["train", "-f"])
+        .arg(&file)
+        .args(["--output", "json", "--output-dir"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let finished: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let accuracy = finished["test_accuracy"].as_f64().unwrap();
+    // Uniform guessing over the vocabulary gets 1/vocab (≈ 0.05); the text's structure ≥ 0.6.
+    assert!(accuracy > 0.6, "next-character accuracy {accuracy} on a regular text: {finished}");
+
+    // Missing, empty, not UTF-8: each named, with what to do.
+    let missing =
+        data::text::read_text(&dir.path().join("nope.txt"), TextTokens::Bytes).unwrap_err().to_string();
+    assert!(missing.contains("nope.txt") && missing.contains("no such file"), "{missing}");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::write(empty.join("a.txt"), "").unwrap();
+    let err = data::text::read_text(&empty, TextTokens::Bytes).unwrap_err().to_string();
+    assert!(err.contains("the text is empty"), "{err}");
+    let latin1 = dir.path().join("latin1.txt");
+    std::fs::write(&latin1, b"first line\nsecond caf\xe9 line\n").unwrap();
+    let err = data::text::read_text(&latin1, TextTokens::Characters).unwrap_err().to_string();
+    assert!(err.contains("latin1.txt") && err.contains("line 2") && err.contains("not UTF-8"), "{err}");
+    // Through `tandem train`, before any training.
+    let file = text_job(dir.path(), "latin", &latin1, "bytes", 10);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["train", "-f"])
+        .arg(&file)
+        .args(["--output-dir"])
+        .arg(dir.path().join("latin-out"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("not UTF-8"), "{stderr}");
+}
