@@ -1040,6 +1040,11 @@ pub struct TrainingJobStatus {
     /// clock of `runPolicy.stallTimeoutSeconds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_time: Option<Time>,
+    /// The training curve as the operator read it from the trainer: a point per step it saw, at
+    /// most [`HISTORY_POINTS`], the older half thinned to every other point whenever it is full, so
+    /// the whole run stays covered (`kubectl tandem plot` draws it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<ProgressPoint>,
     /// Restart bookkeeping of each worker group and PS replica that has been restarted: its
     /// attempt number (carried into its pods as `TANDEM_ATTEMPT`) and when it was last restarted
     /// (the start of its back-off).
@@ -1124,6 +1129,50 @@ pub struct Progress {
     /// Training throughput over all groups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples_per_second: Option<f64>,
+}
+
+/// Most points `status.history` keeps (a few KiB of status).
+pub const HISTORY_POINTS: usize = 120;
+
+/// One point of the training curve in `status.history`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressPoint {
+    /// Global optimizer step.
+    pub step: u64,
+    /// Training loss at that step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Latest test accuracy at that step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+}
+
+impl TrainingJobStatus {
+    /// Adds `progress` to `history` as a point: a new step appends one (making room by thinning
+    /// the older half to every other point once [`HISTORY_POINTS`] are kept), the same step
+    /// replaces the last point, and a step below the last (a restart that resumed from an earlier
+    /// checkpoint) drops the points past it first, so the curve is the run that counts.
+    pub fn record_history(&mut self, progress: &Progress) {
+        let point = ProgressPoint { step: progress.step, loss: progress.loss, accuracy: progress.accuracy };
+        let history = &mut self.history;
+        while history.last().is_some_and(|last| last.step > point.step) {
+            history.pop();
+        }
+        if let Some(last) = history.last_mut().filter(|last| last.step == point.step) {
+            *last = point;
+            return;
+        }
+        if history.len() >= HISTORY_POINTS {
+            let half = history.len() / 2;
+            let mut index = 0;
+            history.retain(|_| {
+                index += 1;
+                index > half || index % 2 == 1
+            });
+        }
+        history.push(point);
+    }
 }
 
 /// A spec that breaks a cross-field rule; the message matches the CRD's CEL message.

@@ -192,7 +192,14 @@ pub struct Failure {
     pub role: Role,
     /// How it failed.
     pub kind: FailureKind,
+    /// What it said as it ended: the container's termination message (`tandem` writes its last
+    /// error there, e.g. the peers-reachable gate naming an unreachable peer), shown after the
+    /// failure, at most [`MESSAGE_CHARS`] of it.
+    pub message: Option<String>,
 }
+
+/// Most characters of a termination message a failure shows (an Event's note holds 1 KiB).
+pub const MESSAGE_CHARS: usize = 400;
 
 impl Failure {
     /// The CamelCase reason of a condition or Event about it.
@@ -216,6 +223,14 @@ impl fmt::Display for Failure {
             FailureKind::Deleted => write!(f, "{who} was deleted while the job ran"),
             FailureKind::Other(reason) => write!(f, "{who} failed ({reason})"),
             FailureKind::Stalled(detail) => write!(f, "{who} stalled: {detail}"),
+        }?;
+        match self.message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
+            Some(m) if m.chars().count() > MESSAGE_CHARS => {
+                let cut: String = m.chars().take(MESSAGE_CHARS).collect();
+                write!(f, " (its termination message: {cut}…)")
+            }
+            Some(m) => write!(f, " (its termination message: {m})"),
+            None => Ok(()),
         }
     }
 }

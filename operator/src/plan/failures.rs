@@ -84,7 +84,8 @@ pub(super) fn count_in_place_restarts(
         }
         let kind =
             exit.map_or_else(|| FailureKind::Other("restarted by the kubelet".to_owned()), FailureKind::Exit);
-        let cause = Failure { who: format!("pod {}", p.name), role: p.role, kind };
+        let message = p.last_termination_message();
+        let cause = Failure { who: format!("pod {}", p.name), role: p.role, kind, message };
         let verdict = policy::judge_in_place(spec, &cause, p.attempt, count - counted, draft.status.restarts);
         if let Err(failure) = restart(draft, &cause, verdict, Some(count)) {
             return Some(failure);

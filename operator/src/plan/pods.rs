@@ -149,7 +149,14 @@ impl<'a> ObservedPod<'a> {
             _ if self.deleting => FailureKind::Deleted,
             _ => return None,
         };
-        Some(Failure { who: format!("pod {}", self.name), role: self.role, kind })
+        let message = termination_message(self.pod, Run::Current);
+        Some(Failure { who: format!("pod {}", self.name), role: self.role, kind, message })
+    }
+
+    /// The termination message of the `tandem` container's run that ended last, as in
+    /// [`termination_message`] with [`Run::Last`] (a PS container the kubelet restarted).
+    pub fn last_termination_message(&self) -> Option<String> {
+        termination_message(self.pod, Run::Last)
     }
 }
 
@@ -177,6 +184,28 @@ pub fn exit_code(pod: &Pod) -> Option<i32> {
             .find(|code| name.is_some() || *code != 0)
     };
     code(Some(names::CONTAINER)).or_else(|| code(None))
+}
+
+/// Which run of a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Run {
+    /// The one the container's state describes.
+    Current,
+    /// The one before the kubelet's last in-place restart (`lastState`).
+    Last,
+}
+
+/// What the `tandem` container wrote to its termination log (`/dev/termination-log`) when `run`
+/// ended, as the kubelet reports it in `state.terminated.message`; `None` when it wrote nothing.
+pub fn termination_message(pod: &Pod, run: Run) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let c = statuses.iter().find(|s| s.name == names::CONTAINER)?;
+    let state = match run {
+        Run::Current => c.state.as_ref(),
+        Run::Last => c.last_state.as_ref(),
+    };
+    let message = state?.terminated.as_ref()?.message.as_deref()?.trim();
+    (!message.is_empty()).then(|| message.to_owned())
 }
 
 /// The kubelet's in-place restarts of `pod`'s `tandem` container: its restart count and the exit

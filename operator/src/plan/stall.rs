@@ -1,5 +1,5 @@
 //! Progress and stalls: the step read from the trainer goes into the status with the time it was
-//! first seen, and a Running job whose step stays put for `runPolicy.stallTimeoutSeconds` is
+//! first seen and as a point of `status.history` (the curve `kubectl tandem plot` draws), and a Running job whose step stays put for `runPolicy.stallTimeoutSeconds` is
 //! declared stalled (condition `Stalled`, a warning Event, the stalls metric) and handled as
 //! `runPolicy.stallPolicy` says, through the restart path and `maxRestarts` of failures.
 //!
@@ -35,6 +35,7 @@ pub(super) fn check(
             draft.status.step_time = Some(Time(now));
         }
         draft.status.progress = Some(p.clone());
+        draft.status.record_history(p);
     }
     let advanced = progress.is_some_and(|p| old_step.is_some_and(|old| p.step > old));
     let step = draft.status.progress.as_ref().map(|p| p.step);
@@ -103,6 +104,7 @@ fn handle(draft: &mut Draft<'_>, pods: &[ObservedPod<'_>], detail: &str) -> Opti
         who: format!("job {}", draft.job.name),
         role: role(first),
         kind: FailureKind::Stalled(detail.to_owned()),
+        message: None,
     };
     let attempt = attempt_in(&draft.status, role(first));
     let verdict = policy::judge(spec, Relaunch::NewPod, first, &cause, attempt, draft.status.restarts);

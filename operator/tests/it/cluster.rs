@@ -826,6 +826,10 @@ async fn progress_is_read_from_the_ps_status_endpoint() {
     // 410 training samples in batches of 32: 12 steps an epoch, so step 20 is in the second.
     assert_eq!(progress.epoch, 1, "{progress:?}");
     assert!(progress.loss.is_some(), "{progress:?}");
+    // …and a point of the curve `kubectl tandem plot` draws.
+    let history = h.job("prog").await.status.unwrap().history;
+    let last = history.last().expect("status.history has the step read");
+    assert_eq!((last.step, last.loss), (20, progress.loss), "{history:?}");
 
     // A PS that cannot be reached leaves the last progress in place.
     let failures = || {

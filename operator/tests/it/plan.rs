@@ -218,6 +218,50 @@ fn a_signal_killed_worker_restarts_its_group_only_after_the_backoff() {
     assert_eq!(healed.status.restarts, 1);
 }
 
+/// `pod` ended with `code` after `tandem` wrote `message` to its termination log.
+fn said(pod: Pod, code: i32, message: &str) -> Pod {
+    let mut pod = exited(pod, code);
+    let statuses = pod.status.as_mut().unwrap().container_statuses.as_mut().unwrap();
+    statuses[0].state.as_mut().unwrap().terminated.as_mut().unwrap().message = Some(format!("{message}\n"));
+    pod
+}
+
+#[test]
+fn the_termination_message_of_a_failed_pod_is_in_the_event_and_the_condition() {
+    let unreachable = "peers unreachable after 120 s: worker 0/0 at mnist-hybrid-g0-0.mnist-hybrid.ns.svc:2222 \
+                       (DNS: failed to lookup address information)";
+    let mut job = fixture("hybrid.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    pods[3] = said(pods[3].clone(), 200, unreachable); // mnist-hybrid-g0-1, retryable
+    let plan = run(&job, &pods, at(10));
+    let restarting = condition(&plan, "Restarting");
+    let expected =
+        format!("pod mnist-hybrid-g0-1 exited with code 200 (its termination message: {unreachable})");
+    assert!(restarting.message.contains(&expected), "{}", restarting.message);
+    assert!(plan.events.iter().any(|e| e.warning && e.message.contains(&expected)), "{:?}", plan.events);
+
+    // A permanent failure: the job's Failed condition says what the process said.
+    let mut pods = all_running(&job);
+    pods[4] = said(pods[4].clone(), 1, "invalid job.json: spec.model.kind: unknown variant `mlpx`");
+    let plan = run(&job, &pods, at(10));
+    let failed = condition(&plan, "Failed");
+    assert!(
+        failed
+            .message
+            .contains("exited with code 1 (its termination message: invalid job.json: spec.model.kind"),
+        "{}",
+        failed.message
+    );
+    // A long message is cut, so the Event stays within the API server's 1 KiB note.
+    let mut pods = all_running(&job);
+    pods[3] = said(pods[3].clone(), 200, &"x".repeat(5000));
+    let plan = run(&job, &pods, at(10));
+    let event = plan.events.iter().find(|e| e.warning).unwrap();
+    assert!(event.message.contains(&format!("{}…)", "x".repeat(policy::MESSAGE_CHARS))), "{}", event.message);
+    assert!(event.message.len() < 1024, "{} bytes", event.message.len());
+}
+
 #[test]
 fn the_same_failed_pod_is_acted_on_once() {
     let mut job = fixture("hybrid.yaml");
@@ -504,6 +548,7 @@ fn a_ps_restarted_in_place_keeps_its_pod_and_is_counted_once() {
         who: "pod mnist-hybrid-ps-0".to_owned(),
         role: Role::Ps { index: 0 },
         kind: FailureKind::Exit(137),
+        message: None,
     };
     let Verdict::Restart { message, .. } = policy::judge_in_place(&job.spec, &cause, 0, 1, 0) else {
         panic!("137 is retryable")
@@ -563,6 +608,7 @@ fn a_lost_ps_pod_is_recreated_and_its_event_claims_no_resume() {
         who: "pod mnist-hybrid-ps-0".to_owned(),
         role: Role::Ps { index: 0 },
         kind: FailureKind::Evicted,
+        message: None,
     };
     let Verdict::Restart { message, .. } =
         policy::judge(&job.spec, Relaunch::NewPod, Unit::Ps(0), &cause, 0, 0)
@@ -631,6 +677,20 @@ fn a_step_that_stays_put_past_the_timeout_is_declared_stalled_once_and_clears_wh
     let stalled = condition(&plan, "Stalled");
     assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("False", "Progressing"));
     assert_eq!(plan.status.step_time, Some(Time(at(95))));
+}
+
+#[test]
+fn each_step_read_from_the_trainer_becomes_a_point_of_the_status_history() {
+    let (mut job, pods) = running_with_stall(tandem_api::StallPolicy::None);
+    let read = |n: u64, loss: f64| tandem_api::Progress { step: n, loss: Some(loss), ..step(n) };
+    for (t, (n, loss)) in [(10, (10, 2.0)), (20, (20, 1.0)), (30, (20, 1.0)), (40, (30, 0.5))] {
+        let plan = look(&job, &pods, at(t), Some(&read(n, loss)));
+        job.status = Some(plan.status);
+    }
+    // A look without a reading (the PS did not answer) keeps the curve as it was.
+    let plan = look(&job, &pods, at(50), None);
+    let points: Vec<_> = plan.status.history.iter().map(|p| (p.step, p.loss)).collect();
+    assert_eq!(points, [(10, Some(2.0)), (20, Some(1.0)), (30, Some(0.5))]);
 }
 
 #[test]

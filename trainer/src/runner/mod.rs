@@ -122,6 +122,21 @@ pub enum Event {
         /// (`tandem_api::contract::status_auth`).
         addr: String,
     },
+    /// No group advanced its step for `runPolicy.stallTimeoutSeconds` while every unit ran;
+    /// `stallPolicy` acts next (a [`Event::Restart`] per unit it restarts).
+    Stalled {
+        /// The job's (merged) step.
+        step: u64,
+        /// The timeout that passed.
+        seconds: u32,
+        /// What was seen and the policy.
+        message: String,
+    },
+    /// A step advanced again after a stall that was only reported.
+    Unstalled {
+        /// The job's (merged) step.
+        step: u64,
+    },
     /// `--chaos` killed a process.
     Chaos {
         /// The process, e.g. `worker 0/1`.

@@ -20,13 +20,20 @@
 //!   but the runner.
 //! - Each `--chaos` fires once, the first time the merged step reaches its step and its target
 //!   runs.
+//! - Stalls (`runPolicy.stallTimeoutSeconds`), as the operator declares them: while every unit
+//!   runs (none failing or waiting out a back-off), a job none of whose groups reports a step
+//!   past its last one for the timeout is declared stalled once per stall clock ([`Event::Stalled`]),
+//!   and `stallPolicy` restarts every unfinished group (`RestartGroup`) or every unit
+//!   (`RestartJob`) as one restart judged by [`tandem_api::policy`] (`maxRestarts`), or only
+//!   reports it (`None`; [`Event::Unstalled`] once a step advances again). The clock starts again
+//!   at every advance and while any unit restarts.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tandem_api::contract::{GroupReport, Role};
-use tandem_api::policy::{self, Failure, Relaunch, Unit, Verdict};
-use tandem_api::{Backend, TrainingJobSpec};
+use tandem_api::policy::{self, Failure, FailureKind, Relaunch, Unit, Verdict};
+use tandem_api::{Backend, StallPolicy, TrainingJobSpec};
 
 use super::Event;
 use super::chaos::Chaos;
@@ -150,6 +157,13 @@ pub struct Supervisor {
     steps: u64,
     accuracy: Option<f64>,
     finished: bool,
+    /// The stall clock: since when no group advanced while every unit ran.
+    stall_clock: Option<Instant>,
+    /// A stall was declared on the current clock.
+    stall_declared: bool,
+    stalls: u32,
+    /// Each group's last reported step in its current attempt.
+    group_steps: BTreeMap<u32, u64>,
 }
 
 impl Supervisor {
@@ -168,6 +182,10 @@ impl Supervisor {
             steps: 0,
             accuracy: None,
             finished: false,
+            stall_clock: None,
+            stall_declared: false,
+            stalls: 0,
+            group_steps: BTreeMap::new(),
         }
     }
 
@@ -186,6 +204,16 @@ impl Supervisor {
         self.restarts
     }
 
+    /// Whether the job is stalled now: declared and no step advanced since.
+    pub fn stalled(&self) -> bool {
+        self.stall_declared
+    }
+
+    /// Stalls declared so far.
+    pub fn stalls(&self) -> u32 {
+        self.stalls
+    }
+
     /// The current attempt of `unit` (0 until it restarts).
     pub fn attempt(&self, unit: Unit) -> u32 {
         self.units.get(&unit).map_or(0, |u| u.attempt)
@@ -199,7 +227,7 @@ impl Supervisor {
         }
         let mut out = Vec::new();
         match input {
-            Input::Line { id, line } => self.on_line(id, line, &mut out),
+            Input::Line { id, line } => self.on_line(id, line, now, &mut out),
             Input::Exited { id, exit } => self.on_exit(id, exit, now, &mut out),
             Input::Tick => self.on_tick(now, &mut out),
             Input::Interrupted => out.push(Command::Finish(Outcome::Interrupted)),
@@ -208,7 +236,7 @@ impl Supervisor {
         out
     }
 
-    fn on_line(&mut self, id: ProcId, line: Line, out: &mut Vec<Command>) {
+    fn on_line(&mut self, id: ProcId, line: Line, now: Instant, out: &mut Vec<Command>) {
         let Some(p) = self.procs.get(&id) else { return };
         if self.attempt(Unit::of(p.role)) != p.attempt {
             return;
@@ -217,6 +245,12 @@ impl Supervisor {
             Line::Progress { group, step, loss, accuracy, samples, data_wait, skipped } => {
                 let report = GroupReport { step, loss, accuracy, samples, epoch: 0, data_wait, skipped };
                 out.push(Command::Emit(self.merged.report(group, &report)));
+                if self.group_steps.insert(group, step).is_none_or(|last| step > last) {
+                    self.stall_clock = Some(now);
+                    if std::mem::take(&mut self.stall_declared) {
+                        out.push(Command::Emit(Event::Unstalled { step: self.merged.step() }));
+                    }
+                }
             }
             Line::Status { addr } if p.role == (Role::Ps { index: 0 }) => {
                 out.push(Command::Emit(Event::Status { ps: 0, addr }));
@@ -247,7 +281,7 @@ impl Supervisor {
             }
             return;
         }
-        let failure = Failure { who: role.to_string(), role, kind: exit.failure_kind() };
+        let failure = Failure { who: role.to_string(), role, kind: exit.failure_kind(), message: None };
         let state = self.units.entry(unit).or_default();
         state.failing.get_or_insert_with(|| (now, Vec::new())).1.push((id, failure));
     }
@@ -282,6 +316,81 @@ impl Supervisor {
                 samples: self.merged.samples(),
                 restarts: self.restarts,
             }));
+            return;
+        }
+        self.check_stall(now, out);
+    }
+
+    /// Declares a stall once the stall clock ran `stallTimeoutSeconds` and acts on it by
+    /// `stallPolicy` (see the module's guarantees).
+    fn check_stall(&mut self, now: Instant, out: &mut Vec<Command>) {
+        let Some(limit) = self.spec.run_policy.stall_timeout_seconds else { return };
+        if self.units.values().any(|s| s.failing.is_some() || s.start_at.is_some()) {
+            self.stall_clock = Some(now);
+            self.stall_declared = false;
+            return;
+        }
+        let since = *self.stall_clock.get_or_insert(now);
+        let timeout = Duration::from_secs(u64::from(limit));
+        if self.stall_declared || now.duration_since(since) < timeout {
+            return;
+        }
+        self.stall_declared = true;
+        self.stalls += 1;
+        let step = self.merged.step();
+        let policy = self.spec.run_policy.stall_policy;
+        let detail = format!(
+            "no group reported a step past its last for {limit} s (runPolicy.stallTimeoutSeconds); the job's step is \
+             {step}"
+        );
+        out.push(Command::Emit(Event::Stalled {
+            step,
+            seconds: limit,
+            message: format!("{detail}; runPolicy.stallPolicy is {policy:?}"),
+        }));
+        let unfinished = |(unit, s): (&Unit, &UnitState)| (!s.done).then_some(*unit);
+        let units: Vec<Unit> = match policy {
+            StallPolicy::None => return,
+            StallPolicy::RestartGroup => self
+                .units
+                .iter()
+                .filter(|(u, _)| matches!(u, Unit::Group(_)))
+                .filter_map(unfinished)
+                .collect(),
+            StallPolicy::RestartJob => self.units.iter().filter_map(unfinished).collect(),
+        };
+        let Some(&first) = units.first() else { return };
+        let role = match first {
+            Unit::Ps(index) => Role::Ps { index },
+            Unit::Group(group) => Role::Worker { group, rank: 0 },
+        };
+        let cause =
+            Failure { who: "the job".to_owned(), role, kind: FailureKind::Stalled(detail), message: None };
+        match policy::judge(
+            &self.spec,
+            Relaunch::SameFolder,
+            first,
+            &cause,
+            self.attempt(first),
+            self.restarts,
+        ) {
+            Verdict::Fail { message, .. } => {
+                out.push(Command::Finish(Outcome::Failed { message, logs: Vec::new() }))
+            }
+            Verdict::Restart { restarts, backoff, .. } => {
+                self.restarts = restarts;
+                let at = now + backoff;
+                for unit in units {
+                    self.kill_unit(unit, out);
+                    let attempt = self.attempt(unit) + 1;
+                    let message = format!(
+                        "{cause}: restarting {unit} (runPolicy.stallPolicy {policy:?}), attempt {attempt}, restart \
+                         {restarts} of {}",
+                        self.spec.run_policy.max_restarts
+                    );
+                    self.restart(unit, attempt, at, message, out);
+                }
+            }
         }
     }
 
@@ -374,6 +483,7 @@ impl Supervisor {
             Unit::Ps(index) => ("ps", index),
             Unit::Group(group) => {
                 self.merged.restart(group);
+                self.group_steps.remove(&group);
                 ("group", group)
             }
         };

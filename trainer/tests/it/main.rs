@@ -38,6 +38,7 @@ mod real_data;
 mod resume;
 mod runner_e2e;
 mod runner_policy;
+mod runner_stall;
 mod state;
 mod stream;
 mod worker_allreduce;

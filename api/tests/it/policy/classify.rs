@@ -49,7 +49,12 @@ fn disruptions_of_a_pod_are_retryable_unless_the_policy_is_never() {
 
 #[test]
 fn failures_read_as_who_and_what_happened() {
-    let pod = |kind| Failure { who: "pod j-g0-1".to_owned(), role: Role::Worker { group: 0, rank: 1 }, kind };
+    let pod = |kind| Failure {
+        who: "pod j-g0-1".to_owned(),
+        role: Role::Worker { group: 0, rank: 1 },
+        kind,
+        message: None,
+    };
     for (kind, text) in [
         (FailureKind::Exit(137), "pod j-g0-1 exited with code 137"),
         (FailureKind::Signal(9), "pod j-g0-1 was killed by signal 9"),
@@ -66,7 +71,10 @@ fn failures_read_as_who_and_what_happened() {
         (Role::Launcher { group: 0 }, "LauncherFailed"),
     ];
     for (role, reason) in reasons {
-        assert_eq!(Failure { who: String::new(), role, kind: FailureKind::Exit(1) }.reason(), reason);
+        assert_eq!(
+            Failure { who: String::new(), role, kind: FailureKind::Exit(1), message: None }.reason(),
+            reason
+        );
     }
 }
 

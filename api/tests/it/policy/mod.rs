@@ -38,9 +38,9 @@ fn hybrid(restart_policy: RestartPolicy, max_restarts: u32, retryable: &[i32]) -
 }
 
 fn worker(group: u32, rank: u32, kind: FailureKind) -> Failure {
-    Failure { who: format!("worker {group}/{rank}"), role: Role::Worker { group, rank }, kind }
+    Failure { who: format!("worker {group}/{rank}"), role: Role::Worker { group, rank }, kind, message: None }
 }
 
 fn ps(index: u32, kind: FailureKind) -> Failure {
-    Failure { who: format!("pod j-ps-{index}"), role: Role::Ps { index }, kind }
+    Failure { who: format!("pod j-ps-{index}"), role: Role::Ps { index }, kind, message: None }
 }

@@ -101,6 +101,8 @@ impl Display {
             )),
             Event::Chaos { target, step } => self.note(&format!("chaos: killed {target} at step {step}")),
             Event::Restart { message, .. } => self.note(message),
+            Event::Stalled { message, .. } => self.note(&format!("stalled: {message}")),
+            Event::Unstalled { step } => self.note(&format!("no longer stalled: the step advanced to {step}")),
             Event::Finished {
                 test_accuracy,
                 test_loss,

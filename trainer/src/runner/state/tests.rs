@@ -24,7 +24,7 @@ fn verdict(
     attempt: u32,
     restarts: u32,
 ) -> Verdict {
-    let failure = Failure { who: who.to_owned(), role, kind };
+    let failure = Failure { who: who.to_owned(), role, kind, message: None };
     policy::judge(spec, Relaunch::SameFolder, Unit::of(role), &failure, attempt, restarts)
 }
 
@@ -64,7 +64,11 @@ impl Run {
     }
 
     fn line(&mut self, id: ProcId, line: Line) -> Vec<Command> {
-        let now = self.t0;
+        self.line_at(id, line, 0.0)
+    }
+
+    fn line_at(&mut self, id: ProcId, line: Line, seconds: f64) -> Vec<Command> {
+        let now = self.at(seconds);
         self.sup.handle(Input::Line { id, line }, now)
     }
 }
@@ -330,4 +334,87 @@ fn an_interrupt_ends_the_job() {
     let now = run.t0;
     assert_eq!(run.sup.handle(Input::Interrupted, now), [Command::Finish(Outcome::Interrupted)]);
     assert!(run.tick(1.0).is_empty());
+}
+
+fn stalled(commands: &[Command]) -> Option<String> {
+    commands.iter().find_map(|c| match c {
+        Command::Emit(Event::Stalled { message, .. }) => Some(message.clone()),
+        _ => None,
+    })
+}
+
+fn stalling(policy: tandem_api::StallPolicy) -> TrainingJobSpec {
+    spec(|s| {
+        s.run_policy.stall_timeout_seconds = Some(30);
+        s.run_policy.stall_policy = policy;
+    })
+}
+
+#[test]
+fn a_step_that_stays_put_is_reported_once_as_stalled_and_cleared_when_it_advances() {
+    let (mut run, _) = Run::new(stalling(tandem_api::StallPolicy::None), &[]);
+    run.tick(0.0);
+    run.line_at(G0R0, progress(0, 10, 320), 5.0);
+    assert!(stalled(&run.tick(34.0)).is_none(), "30 s from the last advance, not from the start");
+    let out = run.tick(36.0);
+    let message = stalled(&out).expect("stalled after 30 s without a step");
+    assert!(
+        message.contains("for 30 s") && message.contains("step is 10") && message.contains("None"),
+        "{message}"
+    );
+    assert!(kills(&out).is_empty() && restarts(&out).is_empty(), "stallPolicy None only reports: {out:?}");
+    assert!(run.sup.stalled() && run.sup.stalls() == 1);
+    assert!(stalled(&run.tick(50.0)).is_none(), "declared once");
+    // The same step again is no advance; another group's first step is.
+    assert!(
+        run.line_at(G0R0, progress(0, 10, 320), 51.0)
+            .iter()
+            .all(|c| !matches!(c, Command::Emit(Event::Unstalled { .. })))
+    );
+    let out = run.line_at(G1R0, progress(1, 10, 320), 52.0);
+    assert!(out.contains(&Command::Emit(Event::Unstalled { step: 10 })), "{out:?}");
+    assert!(!run.sup.stalled());
+    assert!(stalled(&run.tick(81.0)).is_none());
+    assert!(stalled(&run.tick(83.0)).is_some(), "a new clock from the advance at 52 s");
+    assert_eq!((run.sup.stalls(), run.sup.restarts()), (2, 0));
+}
+
+#[test]
+fn a_stall_with_restart_group_restarts_every_group_as_one_restart_and_keeps_the_ps() {
+    let spec = stalling(tandem_api::StallPolicy::RestartGroup);
+    let (mut run, _) = Run::new(spec.clone(), &[]);
+    run.tick(0.0);
+    let out = run.tick(31.0);
+    assert!(stalled(&out).is_some());
+    let mut killed = kills(&out);
+    killed.sort();
+    assert_eq!(killed, [G0R0, G0R1, G1R0, G1R1], "every group's ranks, not the PS");
+    let restarted: Vec<(&str, u32, u32)> = restarts(&out).into_iter().map(|(r, i, a, _)| (r, i, a)).collect();
+    assert_eq!(restarted, [("group", 0, 1), ("group", 1, 1)]);
+    assert!(
+        restarts(&out)[0].3.contains("the job stalled") && restarts(&out)[0].3.contains("restart 1 of 3")
+    );
+    assert_eq!(run.sup.restarts(), 1, "one stall is one restart of the job");
+    assert!(spawns(&run.tick(31.5)).is_empty(), "after the back-off");
+    let back = run.tick(32.0);
+    assert_eq!(spawns(&back).len(), 4);
+    assert!(spawns(&back).iter().all(|(_, _, attempt)| *attempt == 1));
+    assert!(stalled(&run.tick(61.0)).is_none(), "the clock started again while the groups restarted");
+    assert!(stalled(&run.tick(62.0)).is_some());
+    assert_eq!(run.sup.restarts(), 2);
+}
+
+#[test]
+fn a_stall_with_restart_job_past_max_restarts_fails_the_job() {
+    let mut spec = stalling(tandem_api::StallPolicy::RestartJob);
+    spec.run_policy.max_restarts = 0;
+    let (mut run, _) = Run::new(spec, &[]);
+    run.tick(0.0);
+    let out = run.tick(31.0);
+    match outcome(&out) {
+        Some(Outcome::Failed { message, .. }) => {
+            assert!(message.contains("stalled") && message.contains("maxRestarts"), "{message}")
+        }
+        other => panic!("the job fails: {other:?}"),
+    }
 }

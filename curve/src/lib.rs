@@ -1,12 +1,15 @@
 //! The training curve: loss and accuracy against step, drawn as a self-contained SVG (two panels:
-//! loss, accuracy; training and test series), plus the same numbers as CSV for other tools.
+//! loss, accuracy; training and test series), as a plain-text chart for a terminal, and as CSV for
+//! other tools.
 //!
-//! Every job's merged progress (one process or many, see [`super::display`]) records its points
-//! ([`Curve::record_merged`]), where a value nobody measured (the training accuracy, the test loss
-//! before the end) is NaN.
+//! Two front-ends draw with it: `tandem train` (the trainer's progress display records every job's
+//! merged progress, one process or many, with [`Curve::record_merged`]) and `kubectl tandem plot`
+//! (from the job's `status.history`). A value nobody measured (the training accuracy, the test
+//! loss before the end) is NaN.
 //!
-//! Guarantees: the SVG needs no fonts or scripts beyond a browser's defaults; an empty series is
-//! left out rather than drawn, and so are NaN values (an empty field in the CSV).
+//! Guarantees: the SVG needs no fonts or scripts beyond a browser's defaults; the text chart is
+//! ASCII; an empty series is left out rather than drawn, and so are NaN values (an empty field in
+//! the CSV). No dependencies, no I/O but [`Curve::write`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -131,6 +134,65 @@ impl Curve {
         s
     }
 
+    /// The curve as a plain-text chart for a terminal, `width` columns of plot by `height` rows per
+    /// panel: a loss panel and, when anything measured it, an accuracy panel (0 to 1), each with its
+    /// axis range, training points as `*` and test points as `o`, joined along the columns between
+    /// consecutive points. An empty curve gives a line saying so.
+    pub fn to_text(&self, width: usize, height: usize) -> String {
+        let (width, height) = (width.max(10), height.max(3));
+        let max_step = self.train.iter().chain(&self.test).map(|p| p.0).max().unwrap_or(1).max(1) as f64;
+        let loss_max =
+            self.train.iter().chain(&self.test).map(|p| p.1).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        let loss_max = if loss_max > 0.0 { loss_max * 1.05 } else { 1.0 };
+        let col = |step: u64| ((step as f64 / max_step) * (width - 1) as f64).round() as usize;
+        let row =
+            |v: f64, ymax: f64| ((1.0 - (v / ymax).clamp(0.0, 1.0)) * (height - 1) as f64).round() as usize;
+        let mut out = String::new();
+        for (label, ymax, field) in [("loss", loss_max, 1usize), ("accuracy", 1.0, 2usize)] {
+            let mut grid = vec![vec![' '; width]; height];
+            let mut drawn = false;
+            for (mark, pts) in [('*', &self.train), ('o', &self.test)] {
+                let pts: Vec<(usize, f64)> = pts
+                    .iter()
+                    .map(|p| (col(p.0), if field == 1 { p.1 } else { p.2 }))
+                    .filter(|(_, v)| v.is_finite())
+                    .collect();
+                drawn |= !pts.is_empty();
+                if let [(c, v)] = pts[..] {
+                    grid[row(v, ymax)][c] = mark;
+                }
+                for pair in pts.windows(2) {
+                    let ((c0, v0), (c1, v1)) = (pair[0], pair[1]);
+                    for c in c0..=c1.max(c0) {
+                        let t = if c1 > c0 { (c - c0) as f64 / (c1 - c0) as f64 } else { 1.0 };
+                        grid[row(v0 + t * (v1 - v0), ymax)][c] = mark;
+                    }
+                }
+            }
+            if !drawn {
+                continue;
+            }
+            let _ = writeln!(out, "{label}");
+            for (i, cells) in grid.iter().enumerate() {
+                let tick = match i {
+                    0 => format!("{ymax:.3}"),
+                    i if i == height - 1 => format!("{:.3}", 0.0),
+                    _ => String::new(),
+                };
+                let _ = writeln!(out, "{tick:>9} |{}", cells.iter().collect::<String>().trim_end());
+            }
+            let _ = writeln!(out, "{:>9} +{}", "", "-".repeat(width));
+            let last = format!("{}", max_step as u64);
+            let gap = width.saturating_sub(1 + last.len());
+            let _ = writeln!(out, "{:>9}  0{}{last}  step", "", " ".repeat(gap));
+        }
+        if out.is_empty() {
+            return "no points yet: nothing was reported\n".to_owned();
+        }
+        out.push_str("* train  o test\n");
+        out
+    }
+
     /// Writes `curve.svg` and `curve.csv` into `dir`; returns the SVG's path.
     pub fn write(&self, dir: &Path, title: &str) -> std::io::Result<std::path::PathBuf> {
         std::fs::create_dir_all(dir)?;
@@ -168,5 +230,28 @@ mod tests {
         let svg = curve.to_svg("merged");
         assert!(!svg.contains("NaN"), "{svg}");
         assert_eq!(svg.matches("<polyline").count(), 3, "train loss, test loss and test accuracy");
+    }
+
+    #[test]
+    fn the_text_chart_draws_a_falling_loss_from_top_left_to_bottom_right() {
+        let mut curve = Curve::default();
+        for (step, loss) in [(0, 2.0), (50, 1.0), (100, 0.1)] {
+            curve.record_merged(step, Some(loss), None, None);
+        }
+        let text = curve.to_text(20, 5);
+        let rows: Vec<&str> = text.lines().collect();
+        assert_eq!(rows[0], "loss", "{text}");
+        assert!(rows[1].starts_with("    2.100 |*"), "the first point is top left: {text}");
+        assert!(
+            rows[5].starts_with("    0.000 |") && rows[5].ends_with('*'),
+            "the last is bottom right: {text}"
+        );
+        assert!(rows[7].ends_with("100  step"), "{text}");
+        assert!(!text.contains("accuracy"), "no accuracy was measured: {text}");
+        assert!(text.is_ascii());
+
+        curve.record_merged(100, None, Some(0.9), None);
+        assert!(curve.to_text(20, 5).contains("accuracy\n    1.000 |"), "{}", curve.to_text(20, 5));
+        assert_eq!(Curve::default().to_text(20, 5), "no points yet: nothing was reported\n");
     }
 }
