@@ -972,10 +972,10 @@ impl JobController {
             .reflect(writer)
             .applied_objects();
         let controller = Controller::for_stream(job_stream, jobs)
-                .with_config(runtime_controller::Config::default().concurrency(ctx.concurrency))
-                .owns_stream(pod_stream)
-                .owns_stream(config_map_stream)
-                .owns_stream(service_stream);
+            .with_config(runtime_controller::Config::default().concurrency(ctx.concurrency))
+            .owns_stream(pod_stream)
+            .owns_stream(config_map_stream)
+            .owns_stream(service_stream);
         Self { controller, ctx }
     }
 

@@ -598,7 +598,11 @@ fn step(n: u64) -> tandem_api::Progress {
 
 fn look(job: &TrainingJob, pods: &[Pod], now: Timestamp, progress: Option<&tandem_api::Progress>) -> Plan {
     let pods = cached(pods);
-    decide(&valid(job), &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now, progress }, &Settings::default())
+    decide(
+        &valid(job),
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now, progress },
+        &Settings::default(),
+    )
 }
 
 /// The hybrid fixture with a stall timeout and policy, Running with every pod since `at(5)`.
