@@ -1,7 +1,7 @@
 # The operator benchmark (issue 7): tandem-operator vs the Kubeflow MPI Operator on N_JOBS (default 1000)
 # equivalent jobs on kwok nodes, side by side, against one fresh control plane. Not part of `make test`.
 
-.PHONY: bench-operator mpi-operator-bin
+.PHONY: bench-operator mpi-operator-bin bench-cel
 
 ## mpi-operator-bin: build the Kubeflow MPI Operator from the Go module proxy into the cache (if missing).
 mpi-operator-bin:
@@ -10,3 +10,7 @@ mpi-operator-bin:
 ## bench-operator: run the operator benchmark (N_JOBS, N_NODES, OPERATORS, MPI_OPERATOR_QPS; see bench/operator/run.sh); results in target/bench/operator/.
 bench-operator: cluster-bins
 	@bench/operator/run.sh
+
+## bench-cel: each CEL rule of crds/ as kube-apiserver compiles and runs it: estimated cost and time per object (bench/operator/celcost.sh).
+bench-cel:
+	@bench/operator/celcost.sh

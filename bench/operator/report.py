@@ -47,6 +47,8 @@ def main():
         ("jobs", lambda r: r["jobs"], ""),
         ("pods expected", lambda r: r["expected_pods"], ""),
         ("jobs created by the client (s)", lambda r: r["create_s"], ""),
+        ("job create at the API server (ms)", lambda r: r.get("server_create_ms"), ""),
+        ("CEL evaluation, all objects (s)", lambda r: r.get("cel_evaluation_s"), ""),
         ("all pods exist (s)", lambda r: r["all_pods_exist_s"], ""),
         ("all worker pods exist (s)", lambda r: r.get("all_workers_exist_s"), ""),
         ("all launcher pods exist (s)", lambda r: r.get("all_launchers_exist_s"), ""),

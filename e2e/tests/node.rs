@@ -326,3 +326,152 @@ async fn scaling_up_adds_a_group_and_suspend_resume_work() {
     assert!(!finished.is_empty(), "the added group did not finish its training");
     ns.cleanup().await.unwrap();
 }
+
+/// The `tandem` container's log of `pod` from now until the container ends, collected by a task
+/// (the log goes with the pod once it is deleted, so it is followed from before the deletion).
+fn follow_log(ns: &TestNamespace, pod: &str) -> tokio::task::JoinHandle<String> {
+    let (api, pod) = (ns.api::<Pod>(), pod.to_owned());
+    tokio::spawn(async move {
+        use futures::{AsyncBufReadExt, TryStreamExt};
+        let params = LogParams { container: Some("tandem".to_owned()), follow: true, ..LogParams::default() };
+        let Ok(stream) = api.log_stream(&pod, &params).await else { return String::new() };
+        let lines: Vec<String> = stream.lines().try_collect().await.unwrap_or_default();
+        lines.join("\n")
+    })
+}
+
+/// The exit code of `pod`'s `tandem` container as the kubelet last reported it before the pod
+/// went, watched from before the deletion.
+fn watch_exit_code(ns: &TestNamespace, pod: &str) -> tokio::task::JoinHandle<Option<i32>> {
+    let (api, pod) = (ns.api::<Pod>(), pod.to_owned());
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
+        let mut events = std::pin::pin!(watcher::watcher(api, config));
+        let mut code = None;
+        while let Some(Ok(event)) = events.next().await {
+            match event {
+                Event::Apply(p) | Event::InitApply(p) => {
+                    let statuses = p.status.and_then(|s| s.container_statuses).unwrap_or_default();
+                    let terminated = statuses
+                        .iter()
+                        .filter(|c| c.name == "tandem")
+                        .find_map(|c| c.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code));
+                    code = terminated.or(code);
+                }
+                Event::Delete(_) => return code,
+                _ => {}
+            }
+        }
+        code
+    })
+}
+
+/// The first `key=<number>` of the first line of `log` that contains `message`.
+fn logged_number(log: &str, message: &str, key: &str) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains(message))?;
+    line.split(&format!("{key}=")).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// The job's `status.progress.step`.
+async fn progress_step(ns: &TestNamespace, job: &str) -> Option<u64> {
+    training_jobs(ns).get(job).await.ok()?.data.pointer("/status/progress/step")?.as_u64()
+}
+
+/// Deletes `name` (the kubelet's SIGTERM within the pod's grace period) while following its log
+/// and its container's exit code; returns both once the pod is gone.
+async fn delete_and_observe(ns: &TestNamespace, name: &str) -> (String, Option<i32>) {
+    let (log, code) = (follow_log(ns, name), watch_exit_code(ns, name));
+    // Both have opened their streams before the deletion.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ns.api::<Pod>().delete(name, &kube::api::DeleteParams::default()).await.unwrap();
+    let within = Duration::from_secs(180);
+    let code = tokio::time::timeout(within, code).await.expect("the deleted pod went").unwrap();
+    let log = tokio::time::timeout(within, log).await.expect("its log ended").unwrap();
+    (log, code)
+}
+
+/// Issue 20's preemption on the real node: deleting a running worker pod and then the running PS
+/// pod of a ps-sync job mid-training (as an eviction, a preemption or a drain would). Each gets
+/// SIGTERM from the kubelet, stops after saving its progress (the worker at a step boundary, the PS
+/// after a last checkpoint on the job's claim) and exits 143; the operator restarts the unit, which
+/// resumes where it stopped — no completed step is lost — and the job succeeds.
+#[tokio::test]
+async fn deleted_worker_and_ps_pods_checkpoint_on_sigterm_and_their_restarts_lose_no_step() {
+    const STEPS: u64 = 3000;
+    let cluster = TestCluster::connect().await.unwrap();
+    let ns = cluster.namespace("node-preempt").await.unwrap();
+    let claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "ckpt"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    });
+    cluster.apply(ns.name(), &claim).await.unwrap();
+    let mut manifest = example("mnist-ps-sync.yaml", "preempt", STEPS);
+    let spec = &mut manifest["spec"];
+    // No periodic checkpoints: the only PS checkpoint mid-run is the one written on SIGTERM. The
+    // claim outlives the PS pod, so its recreated pod finds that checkpoint.
+    spec["training"]["checkpoint"] = json!({"everySteps": 0, "claimName": "ckpt"});
+    spec["workers"] = json!({"groups": 1, "groupSize": 2, "minGroups": 1, "maxGroups": 1, "backend": "tcp"});
+    spec["runPolicy"] = json!({"restartPolicy": "OnFailure", "maxRestarts": 20, "backoffSeconds": 2});
+    cluster.apply(ns.name(), &manifest).await.unwrap();
+
+    // The worker: rank 1 is deleted (rank 0 reports progress and checkpoints for the group); the
+    // group stops at a step boundary that both ranks agree on.
+    wait_training(&ns, "preempt-g0-0").await;
+    let before = uids(&ns, "preempt").await;
+    let (log, code) = delete_and_observe(&ns, "preempt-g0-1").await;
+    assert_eq!(code, Some(143), "the deleted worker's exit code; its log:\n{log}");
+    let stopped = log
+        .split("stopped at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("the deleted worker did not stop at a step boundary on SIGTERM:\n{log}"));
+    assert!(stopped < STEPS, "the job ended before the deletion: {log}");
+    // The group restarts as a unit; the PS keeps its pod.
+    common::assert_only_group_relaunched(&ns, "preempt", 0, &before).await;
+    let resumed = wait_for("the restarted group to resume", JOB_DEADLINE, || async {
+        logged_number(&log_of(&ns, "preempt-g0-0", false).await, "resuming the group's step count", "step")
+    })
+    .await;
+    assert!(resumed >= stopped, "the group stopped at step {stopped} but its restart resumed at {resumed}");
+
+    // The PS: deleted once the restarted group trains; it writes its last checkpoint and goes.
+    let leader = wait_training(&ns, "preempt-g0-0").await.uid();
+    let ps_uid = pod(&ns, "preempt-ps-0").await.unwrap().uid();
+    let reported = progress_step(&ns, "preempt").await.unwrap_or(0);
+    let (log, code) = delete_and_observe(&ns, "preempt-ps-0").await;
+    assert_eq!(code, Some(143), "the deleted PS's exit code; its log:\n{log}");
+    assert!(log.contains("stopped on SIGTERM after writing its last checkpoint"), "{log}");
+    let written = log
+        .lines()
+        .filter(|l| l.contains("checkpoint written"))
+        .filter_map(|l| logged_number(l, "checkpoint written", "version"))
+        .last()
+        .unwrap_or_else(|| panic!("the deleted PS wrote no checkpoint:\n{log}"));
+    assert!(written >= reported, "the last checkpoint (version {written}) lacks reported step {reported}");
+    assert!(written < STEPS, "the job ended before the deletion: {log}");
+    // Its new pod resumes from exactly that checkpoint on the claim.
+    let ps_log = wait_for("the recreated PS 0 to resume", JOB_DEADLINE, || async {
+        let p = pod(&ns, "preempt-ps-0").await?;
+        (p.uid() != ps_uid).then_some(())?;
+        let log = log_of(&ns, "preempt-ps-0", false).await;
+        log.contains("resumed from checkpoint").then_some(log)
+    })
+    .await;
+    let version = logged_number(&ps_log, "resumed from checkpoint", "version");
+    assert_eq!(version, Some(written), "the recreated PS did not resume from the last checkpoint:\n{ps_log}");
+    // The group, which lost its PS and was restarted, continues from the PS's version.
+    let continued = wait_for("the group to resume after the PS restart", JOB_DEADLINE, || async {
+        (pod(&ns, "preempt-g0-0").await?.uid() != leader).then_some(())?;
+        logged_number(&log_of(&ns, "preempt-g0-0", false).await, "resuming the group's step count", "step")
+    })
+    .await;
+    assert!(continued >= written, "the group resumed at step {continued}, before the PS's version {written}");
+
+    let status = wait_succeeded(&ns, "preempt").await;
+    let last = status.pointer("/progress/step").and_then(Value::as_u64).unwrap_or(0);
+    assert!(last >= written, "the job's progress went back to step {last} after the PS's version {written}");
+    ns.cleanup().await.unwrap();
+}

@@ -12,9 +12,11 @@
 //! same plan), else write the status first (see [`crate::plan`]); publish Events; delete the job
 //! when its TTL expired.
 //!
-//! Caches: pods (full objects, managed fields stripped), ConfigMaps and Services (metadata only)
-//! labelled `app.kubernetes.io/managed-by=tandem-operator` are watched once and kept in reflector
-//! stores ([`Caches`]); a reconcile makes no API request when nothing changed. The caches may lag
+//! Caches: pods (stripped to what the plan reads, [`plan::keep_what_is_read`]), ConfigMaps and
+//! Services (metadata only, managed fields stripped) labelled
+//! `app.kubernetes.io/managed-by=tandem-operator` are watched once and kept in reflector stores
+//! ([`Caches`]); TrainingJobs are cached without their managed fields and `kubectl apply`'s
+//! last-applied copy; a reconcile makes no API request when nothing changed. The caches may lag
 //! behind the writes of the previous reconcile: creates use deterministic names and treat
 //! AlreadyExists as success, deletes treat NotFound as success, applies are idempotent, so a stale
 //! cache costs a redundant request, never a duplicate. Secrets are never listed or watched: the
@@ -899,10 +901,12 @@ where
 }
 
 /// Watches the operator's children of kind `K` (labelled as managed by it) into a reflector store,
-/// managed fields stripped; returns the store and the stream of touched objects for the controller.
+/// each object passed through `trim` first; returns the store and the stream of touched objects for
+/// the controller.
 fn watch_owned<K>(
     client: &Client,
     scope: &Scope,
+    trim: impl FnMut(&mut K) + Send + 'static,
 ) -> (Store<K>, impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static)
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -918,10 +922,17 @@ where
     let (store, writer) = reflector::store::<K>();
     let stream = watcher(api_for::<K>(client, scope), owned)
         .default_backoff()
-        .modify(|object| object.managed_fields_mut().clear())
+        .modify(trim)
         .reflect(writer)
         .touched_objects();
     (store, stream)
+}
+
+/// `kubectl apply`'s copy of the manifest it applied, kept on the object by the API server.
+const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+fn clear_managed_fields<K: Resource>(object: &mut K) {
+    object.managed_fields_mut().clear();
 }
 
 /// The TrainingJob controller with its watches set up, ready to run: call
@@ -941,17 +952,30 @@ impl JobController {
     /// Sets up the watches on TrainingJobs and their pods, ConfigMaps and Services, whose
     /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once.
     pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
-        let (pods, pod_stream) = watch_owned::<Pod>(&ctx.client, scope);
+        let (pods, pod_stream) = watch_owned::<Pod>(&ctx.client, scope, plan::keep_what_is_read);
         let (config_maps, config_map_stream) =
-            watch_owned::<PartialObjectMeta<ConfigMap>>(&ctx.client, scope);
-        let (services, service_stream) = watch_owned::<PartialObjectMeta<Service>>(&ctx.client, scope);
+            watch_owned::<PartialObjectMeta<ConfigMap>>(&ctx.client, scope, clear_managed_fields);
+        let (services, service_stream) =
+            watch_owned::<PartialObjectMeta<Service>>(&ctx.client, scope, clear_managed_fields);
         let _ = ctx.caches.set(Caches { pods, config_maps, services });
-        let controller =
-            Controller::new(api_for::<TrainingJob>(&ctx.client, scope), watcher::Config::default())
-                .with_config(runtime_controller::Config::default().concurrency(ctx.concurrency))
-                .owns_stream(pod_stream)
-                .owns_stream(config_map_stream)
-                .owns_stream(service_stream);
+        // The job cache holds every TrainingJob as the reconciles read it, without the bookkeeping
+        // of the API server and kubectl that they never read.
+        let (jobs, writer) = reflector::store::<TrainingJob>();
+        let job_stream = watcher(api_for::<TrainingJob>(&ctx.client, scope), watcher::Config::default())
+            .default_backoff()
+            .modify(|job| {
+                job.metadata.managed_fields = None;
+                if let Some(annotations) = job.metadata.annotations.as_mut() {
+                    annotations.remove(LAST_APPLIED_ANNOTATION);
+                }
+            })
+            .reflect(writer)
+            .applied_objects();
+        let controller = Controller::for_stream(job_stream, jobs)
+            .with_config(runtime_controller::Config::default().concurrency(ctx.concurrency))
+            .owns_stream(pod_stream)
+            .owns_stream(config_map_stream)
+            .owns_stream(service_stream);
         Self { controller, ctx }
     }
 

@@ -57,7 +57,7 @@ use tandem_api::{JobPhase, Progress, Role, TrainingJobStatus};
 use crate::names;
 use crate::validate::ValidatedJob;
 use pods::ObservedPod;
-pub use pods::{PodPhase, container_restarts, exit_code};
+pub use pods::{PodPhase, container_restarts, exit_code, keep_what_is_read};
 
 /// Condition types the operator maintains.
 pub mod condition {

@@ -1,6 +1,11 @@
-//! What the plan reads of the job's pods: phase, role, attempt, and how a pod failed.
+//! What the plan reads of the job's pods: phase, role, attempt, and how a pod failed; and
+//! [`keep_what_is_read`], which strips a pod to those fields before it enters the pod cache.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+    Pod, PodCondition, PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use tandem_api::Role;
 use tandem_api::policy::{Failure, FailureKind};
@@ -215,4 +220,79 @@ pub fn container_restarts(pod: &Pod) -> Option<(u32, Option<i32>)> {
     let c = statuses.iter().find(|s| s.name == names::CONTAINER)?;
     let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| t.exit_code);
     Some((u32::try_from(c.restart_count).unwrap_or(0), last))
+}
+
+/// Pod condition types the operator reads: readiness (a launcher waits for its workers), the
+/// scheduler's verdict (`Scheduled=False`) and a disruption (eviction).
+const CONDITIONS_READ: &[&str] = &["Ready", "PodScheduled", "DisruptionTarget"];
+
+/// Strips `pod` to what the operator reads of it — name, namespace, UID, resource version, Tandem's
+/// labels and the managed-by label, the controller's owner reference, the deletion timestamp, the
+/// node name, and of the status the phase, reason, pod IP, the conditions in [`CONDITIONS_READ`] and
+/// each container's name, restart count, waiting reason and message, and exit codes — so that the
+/// pod cache holds a few hundred bytes a pod instead of the whole object (the spec with its
+/// containers, env and volumes, annotations, timestamps and images are most of a pod's size).
+///
+/// Runs on every pod the watch delivers, before the reflector stores it. Everything that reads
+/// cached pods (the plan, [`crate::progress::ps0_address`], the lost-node check) must read only
+/// what is kept here; the plan's tests run on trimmed pods to hold that.
+pub fn keep_what_is_read(pod: &mut Pod) {
+    let Pod { metadata, spec, status } = std::mem::take(pod);
+    let is_read = |key: &String| key.starts_with("tandem.dev/") || key == names::LABEL_MANAGED_BY;
+    pod.metadata = ObjectMeta {
+        name: metadata.name,
+        namespace: metadata.namespace,
+        uid: metadata.uid,
+        resource_version: metadata.resource_version,
+        deletion_timestamp: metadata.deletion_timestamp,
+        labels: metadata.labels.map(|labels| labels.into_iter().filter(|(k, _)| is_read(k)).collect()),
+        // The controller maps a pod's events to its job through this reference.
+        owner_references: metadata
+            .owner_references
+            .map(|refs| refs.into_iter().filter(|r| r.controller == Some(true)).collect()),
+        ..ObjectMeta::default()
+    };
+    pod.spec = spec.map(|s| PodSpec { node_name: s.node_name, ..PodSpec::default() });
+    pod.status = status.map(|s| PodStatus {
+        phase: s.phase,
+        reason: s.reason,
+        pod_ip: s.pod_ip,
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| CONDITIONS_READ.contains(&c.type_.as_str()))
+                .map(|c| PodCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    reason: c.reason,
+                    message: c.message,
+                    ..PodCondition::default()
+                })
+                .collect()
+        }),
+        container_statuses: s.container_statuses.map(keep_containers),
+        init_container_statuses: s.init_container_statuses.map(keep_containers),
+        ..PodStatus::default()
+    });
+}
+
+fn keep_containers(statuses: Vec<ContainerStatus>) -> Vec<ContainerStatus> {
+    let state = |s: ContainerState| ContainerState {
+        running: s.running.map(|_| ContainerStateRunning::default()),
+        terminated: s.terminated.map(|t| ContainerStateTerminated {
+            exit_code: t.exit_code,
+            reason: t.reason,
+            ..ContainerStateTerminated::default()
+        }),
+        waiting: s.waiting.map(|w| ContainerStateWaiting { reason: w.reason, message: w.message }),
+    };
+    statuses
+        .into_iter()
+        .map(|c| ContainerStatus {
+            name: c.name,
+            restart_count: c.restart_count,
+            state: c.state.map(state),
+            last_state: c.last_state.map(state),
+            ..ContainerStatus::default()
+        })
+        .collect()
 }

@@ -15,7 +15,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use tandem_api::policy::{self, Failure, FailureKind, Relaunch, Unit, Verdict};
 use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
-use tandem_operator::plan::{Observed, Plan, Settings, decide};
+use tandem_operator::plan::{Observed, Plan, Settings, decide, keep_what_is_read};
 use tandem_operator::validate::{ValidatedJob, validate};
 use tandem_operator::{builder, names};
 
@@ -85,10 +85,22 @@ fn all_running(job: &TrainingJob) -> Vec<Pod> {
     pods
 }
 
+/// `pods` as the controller's pod cache holds them: stripped to what the plan reads. Every
+/// decision below is taken on such pods, so the plan cannot come to read a field the cache drops.
+fn cached(pods: &[Pod]) -> Vec<Pod> {
+    pods.iter()
+        .cloned()
+        .map(|mut pod| {
+            keep_what_is_read(&mut pod);
+            pod
+        })
+        .collect()
+}
+
 fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
     decide(
         &valid(job),
-        &Observed { pods, lost_nodes: &BTreeSet::new(), now, progress: None },
+        &Observed { pods: &cached(pods), lost_nodes: &BTreeSet::new(), now, progress: None },
         &Settings::default(),
     )
 }
@@ -482,7 +494,7 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
     let early = decide(
         &valid(&job),
-        &Observed { pods: &pods, lost_nodes: &lost, now: at(60), progress: None },
+        &Observed { pods: &cached(&pods), lost_nodes: &lost, now: at(60), progress: None },
         &settings,
     );
     assert!(early.force_delete.is_empty());
@@ -493,7 +505,7 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     job.status = Some(early.status.clone());
     let late = decide(
         &valid(&job),
-        &Observed { pods: &pods, lost_nodes: &lost, now: at(91), progress: None },
+        &Observed { pods: &cached(&pods), lost_nodes: &lost, now: at(91), progress: None },
         &settings,
     );
     assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
@@ -501,7 +513,7 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     // A node that is fine gets no force deletion.
     let fine = decide(
         &valid(&job),
-        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now: at(500), progress: None },
+        &Observed { pods: &cached(&pods), lost_nodes: &BTreeSet::new(), now: at(500), progress: None },
         &settings,
     );
     assert!(fine.force_delete.is_empty());
@@ -631,7 +643,12 @@ fn step(n: u64) -> tandem_api::Progress {
 }
 
 fn look(job: &TrainingJob, pods: &[Pod], now: Timestamp, progress: Option<&tandem_api::Progress>) -> Plan {
-    decide(&valid(job), &Observed { pods, lost_nodes: &BTreeSet::new(), now, progress }, &Settings::default())
+    let pods = cached(pods);
+    decide(
+        &valid(job),
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now, progress },
+        &Settings::default(),
+    )
 }
 
 /// The hybrid fixture with a stall timeout and policy, Running with every pod since `at(5)`.
