@@ -49,8 +49,9 @@ FROM bin-${TANDEM_BIN} AS bin
 FROM ${BASE}
 # openmpi-bin brings mpirun, orted and libopenmpi3 (libmpi.so.40, which tandem links);
 # openssh-server/-client for mpirun's rsh launcher. No host keys: each pod makes its own.
+# ca-certificates: the roots that `s3://` data over TLS (AWS S3, an https endpoint) is checked against.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openmpi-bin openssh-server openssh-client \
+ && apt-get install -y --no-install-recommends openmpi-bin openssh-server openssh-client ca-certificates \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/* /etc/ssh/ssh_host_* \
       /usr/share/doc/* /usr/share/man/* /usr/share/locale/*
 

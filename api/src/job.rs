@@ -275,6 +275,9 @@ pub enum VggVariant {
 #[x_kube(validation = Rule::new("!has(self.loader) || self.source in ['images', 'shards']").message("data.loader sets the threads and queue that decode images: remove it, or set data.source to images or shards"))]
 #[x_kube(validation = Rule::new("!has(self.evalResize) || (has(self.imageSize) && self.evalResize >= self.imageSize[0] && self.evalResize >= self.imageSize[1])").message("data.evalResize resizes a test image's shorter side before the centre crop of data.imageSize: set data.imageSize, and make evalResize at least its height and width"))]
 #[x_kube(validation = Rule::new("!(has(self.testPath) || has(self.imageSize)) || self.source in ['images', 'shards']").message("data.testPath and data.imageSize apply to data.source images and shards: remove them, or change data.source"))]
+#[x_kube(validation = Rule::new(S3_SOURCE_RULE).message("an s3:// data.path or data.testPath is read by data.source images and shards; the other sources read local files: copy the data to a volume, or change data.source"))]
+#[x_kube(validation = Rule::new(S3_URL_RULE).message("an s3:// data.path or data.testPath is s3://<bucket>/<prefix>: a bucket name of 3 to 63 lower-case letters, digits, dots and hyphens (starting and ending with a letter or digit), then an optional key prefix, e.g. s3://training-data/fashion/train-{000..009}.tar"))]
+#[x_kube(validation = Rule::new(S3_SETTINGS_RULE).message("data.s3 (endpoint, region, addressing) applies to an s3:// data.path or data.testPath: remove data.s3, or give data.path as s3://<bucket>/<prefix>"))]
 pub struct DataSpec {
     /// `mnist5k` (5,000 MNIST digits, 28×28), `digits` (1,797 scikit-learn digits, 8×8),
     /// `fashion-mnist` (Zalando's 70,000 clothing images, 28×28, 10 classes), `shakespeare` (the
@@ -287,13 +290,16 @@ pub struct DataSpec {
     /// File or folder read when `source` is `path` (IDX pairs or a CSV with a label column),
     /// `images` (the image folder), `shards` (a folder of `.tar` files or a brace pattern such
     /// as `/data/train-{000..099}.tar`) or `text` (a UTF-8 file, or a folder whose `.txt` files
-    /// are read in name order).
+    /// are read in name order). Images and shards may be in object storage:
+    /// `s3://<bucket>/<prefix>` (see `s3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub path: Option<String>,
     /// The test set of `images` (an image folder) or `shards` (tar shards, required there). An
     /// image folder without it holds out its `test/` or `val/` subfolder beside `train/`, or else a
-    /// fixed fifth of its files.
+    /// fixed fifth of its files. A local path or an `s3://<bucket>/<prefix>` URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub test_path: Option<String>,
     /// Height and width every image of `images` or `shards` is resized to; needed when the
     /// images differ in size (default: the images' own size).
@@ -345,6 +351,55 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2, max = 65536))]
     pub synthetic_classes: Option<u32>,
+    /// How an `s3://` `path` or `testPath` is reached: the endpoint of an S3-compatible store
+    /// (MinIO, Ceph, …), its region and addressing style. Credentials come from the environment
+    /// (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or IRSA's AWS_ROLE_ARN with
+    /// AWS_WEB_IDENTITY_TOKEN_FILE), on Kubernetes through the worker pod template's `env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Spec>,
+}
+
+/// An `s3://` path is read by the file-based sources only.
+const S3_SOURCE_RULE: &str = "!((has(self.path) && self.path.startsWith('s3://')) || (has(self.testPath) && \
+     self.testPath.startsWith('s3://'))) || self.source == 'images' || self.source == 'shards'";
+/// The bucket of an `s3://` URL is a valid S3 bucket name.
+const S3_URL_RULE: &str = "[has(self.path) ? self.path : '', has(self.testPath) ? self.testPath : ''].all(p, \
+     !p.startsWith('s3://') || p.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$'))";
+/// `data.s3` only with an `s3://` path.
+const S3_SETTINGS_RULE: &str = "!has(self.s3) || (has(self.path) && self.path.startsWith('s3://')) || \
+     (has(self.testPath) && self.testPath.startsWith('s3://'))";
+
+/// How the `s3://` locations of a data set are reached.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Spec {
+    /// Base URL of an S3-compatible store, such as `http://minio.storage:9000` (scheme and host,
+    /// no path); default: AWS S3 of `region`. An `http://` endpoint is reached without TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^/?#\\\\s]+/?$')").message("data.s3.endpoint is the store's base URL, a scheme and a host with an optional port, e.g. http://minio.storage:9000 or https://s3.example.com; put the bucket and prefix in data.path (s3://bucket/prefix)"))]
+    pub endpoint: Option<String>,
+    /// Region of the bucket (default: AWS_REGION or AWS_DEFAULT_REGION from the environment, else
+    /// us-east-1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{1,32}$')").message("data.s3.region is a region name such as eu-west-1 (lower-case letters, digits and hyphens)"))]
+    pub region: Option<String>,
+    /// `path` (`<endpoint>/<bucket>/<key>`, what most S3-compatible stores expect) or
+    /// `virtualHosted` (`<bucket>.<endpoint host>/<key>`, AWS's preferred style). Default: path
+    /// with an `endpoint`, virtualHosted without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addressing: Option<S3Addressing>,
+}
+
+/// How a bucket appears in a request's URL.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum S3Addressing {
+    /// `<endpoint>/<bucket>/<key>`.
+    Path,
+    /// `<bucket>.<endpoint host>/<key>`.
+    VirtualHosted,
 }
 
 impl Default for DataSpec {
@@ -364,6 +419,7 @@ impl Default for DataSpec {
             synthetic_samples: None,
             synthetic_shape: None,
             synthetic_classes: None,
+            s3: None,
         }
     }
 }

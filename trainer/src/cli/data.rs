@@ -1,11 +1,14 @@
 //! `tandem data`: turn an image folder into tar shards (`pack`), count and check a data set
-//! (`inspect`), and time the image pipeline on it (`bench`).
+//! (`inspect`, local or `s3://`), time the image pipeline on it (`bench`), and copy a folder to
+//! object storage (`upload`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use tandem::compute::data::images::{self, Sizing};
 use tandem::compute::data::shards::{self, ShardSet};
+use tandem::compute::data::{self, store};
+use tandem_api::{DataSource, DataSpec};
 
 /// The `tandem data` subcommands.
 #[derive(clap::Subcommand)]
@@ -18,6 +21,14 @@ pub enum Data {
     /// Time the training pipeline (decoding, augmentation, batching) on an image folder or tar
     /// shards: prints one JSON line with images/s and the process's peak memory.
     Bench(BenchArgs),
+    /// Copy a folder (packed shards, an image folder) or a file to s3://<bucket>/<prefix>, keeping
+    /// relative names. The store and credentials come from the AWS environment: AWS_ENDPOINT_URL
+    /// for an S3-compatible store, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_REGION.
+    Upload(UploadArgs),
+    /// Write a built-in data set (digits, mnist5k or fashion-mnist) as an image folder of PNG
+    /// files, <output>/train/<class>/<n>.png and <output>/test/<class>/<n>.png, to pack into
+    /// shards or train on as `source: images`.
+    Export(ExportArgs),
 }
 
 /// `tandem data bench`.
@@ -48,6 +59,28 @@ pub struct BenchArgs {
     pub normalize: Option<String>,
 }
 
+/// `tandem data export`.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The built-in data set.
+    #[arg(value_parser = ["digits", "mnist5k", "fashion-mnist"])]
+    pub name: String,
+    /// Folder the images are written to (created if missing).
+    pub output: PathBuf,
+    /// Folder holding the built-in data sets (`make data` fills it).
+    #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+}
+
+/// `tandem data upload`.
+#[derive(clap::Args)]
+pub struct UploadArgs {
+    /// The local folder or file.
+    pub source: PathBuf,
+    /// Where it goes: s3://<bucket>/<prefix>.
+    pub destination: String,
+}
+
 /// `tandem data pack`.
 #[derive(clap::Args)]
 pub struct PackArgs {
@@ -66,7 +99,8 @@ pub struct PackArgs {
 /// `tandem data inspect`.
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// An image folder, a folder of .tar shards, a shard or a pattern such as train-{000..009}.tar.
+    /// An image folder, a folder of .tar shards, a shard or a pattern such as train-{000..009}.tar;
+    /// local, or in object storage as s3://<bucket>/<prefix> (reached as `upload` says).
     pub path: String,
     /// Images to decode and show.
     #[arg(long, default_value_t = 3)]
@@ -101,6 +135,8 @@ pub fn run(cmd: Data) -> anyhow::Result<()> {
         Data::Pack(a) => pack(a),
         Data::Inspect(a) => inspect(a),
         Data::Bench(a) => bench(a),
+        Data::Upload(a) => upload(a),
+        Data::Export(a) => export(a),
     }
 }
 
@@ -214,7 +250,8 @@ fn pack(a: PackArgs) -> anyhow::Result<()> {
 
 fn inspect(a: InspectArgs) -> anyhow::Result<()> {
     let path = std::path::Path::new(&a.path);
-    let is_folder_of_images = path.is_dir() && shards::shard_paths(&a.path).is_err();
+    let is_folder = store::is_dir(path).with_context(|| format!("inspecting {}", a.path))?;
+    let is_folder_of_images = is_folder && shards::shard_paths(&a.path).is_err();
     if is_folder_of_images {
         let f = images::open(path, None, Sizing::First).with_context(|| format!("inspecting {}", a.path))?;
         println!("image folder {}", a.path);
@@ -223,9 +260,9 @@ fn inspect(a: InspectArgs) -> anyhow::Result<()> {
         println!("test samples: {}", f.test.files.len());
         println!("skipped: {}", f.train.skipped + f.test.skipped);
         for file in f.train.files.iter().take(a.show) {
-            let shown = image::ImageReader::open(&file.path)
+            let shown = store::reader(&file.path)
                 .map_err(|e| e.to_string())
-                .and_then(|r| r.with_guessed_format().map_err(|e| e.to_string()))
+                .and_then(|r| image::ImageReader::new(r).with_guessed_format().map_err(|e| e.to_string()))
                 .and_then(|r| r.decode().map_err(|e| e.to_string()))
                 .map(|i| format!("{}×{} {:?}", i.width(), i.height(), i.color()))
                 .unwrap_or_else(|e| format!("cannot be decoded: {e}"));
@@ -241,5 +278,46 @@ fn inspect(a: InspectArgs) -> anyhow::Result<()> {
             println!("  {key}: {size}");
         }
     }
+    Ok(())
+}
+
+fn upload(a: UploadArgs) -> anyhow::Result<()> {
+    let to = std::path::Path::new(&a.destination);
+    if !store::is_remote(to) {
+        anyhow::bail!(
+            "{}: upload writes to object storage, s3://<bucket>/<prefix>; to copy between local folders use cp",
+            a.destination
+        );
+    }
+    let (objects, bytes) = store::upload(&a.source, to)
+        .with_context(|| format!("uploading {} to {}", a.source.display(), a.destination))?;
+    println!("uploaded {objects} file(s), {bytes} bytes, from {} to {}", a.source.display(), a.destination);
+    Ok(())
+}
+
+fn export(a: ExportArgs) -> anyhow::Result<()> {
+    let source: DataSource = serde_yaml::from_str(&a.name).with_context(|| format!("data set {}", a.name))?;
+    let spec = DataSpec { source, ..DataSpec::default() };
+    let splits = data::load(&spec, &a.data_dir, 0).with_context(|| format!("loading {}", a.name))?;
+    for (part, set) in [("train", &splits.train), ("test", &splits.test)] {
+        let (w, h) = (set.shape.width as u32, set.shape.height as u32);
+        for i in 0..set.len() {
+            let dir = a.output.join(part).join(set.targets(i)[0].to_string());
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let pixels = set.sample(i).iter().map(|v| (v * 255.0).round().clamp(0.0, 255.0) as u8).collect();
+            let file = dir.join(format!("{i:05}.png"));
+            image::GrayImage::from_raw(w, h, pixels)
+                .context("a sample's size does not match its shape")?
+                .save(&file)
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+    }
+    println!(
+        "wrote {} training and {} test images of {} into {}",
+        splits.train.len(),
+        splits.test.len(),
+        a.name,
+        a.output.display()
+    );
     Ok(())
 }

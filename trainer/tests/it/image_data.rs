@@ -48,7 +48,7 @@ fn write_images(data: &data::Dataset, dir: &Path) {
 
 /// The built-in digits written as an image folder with `train/` and `test/` (the built-in's own
 /// split), plus two broken files in class 3: one whose header is garbage and one cut in half.
-fn digits_folder(root: &Path) -> Splits {
+pub(crate) fn digits_folder(root: &Path) -> Splits {
     let spec = DataSpec { source: DataSource::Digits, ..DataSpec::default() };
     let splits = data::load(&spec, &trainer_support::data_dir(), 1).unwrap();
     write_images(&splits.train, &root.join("train"));
@@ -69,7 +69,7 @@ fn digits_folder(root: &Path) -> Splits {
     splits
 }
 
-fn job(name: &str, data: &str) -> String {
+pub(crate) fn job(name: &str, data: &str) -> String {
     format!(
         "apiVersion: tandem.dev/v1alpha1
 kind: TrainingJob

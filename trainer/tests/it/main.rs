@@ -25,6 +25,8 @@ mod flat;
 mod image_data;
 mod launcher;
 mod models;
+#[cfg(feature = "cluster-tests")]
+mod object_store;
 mod optim;
 mod peers;
 mod preemption;

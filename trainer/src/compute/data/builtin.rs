@@ -37,6 +37,8 @@ pub const SHAKESPEARE_FILE: &str = "shakespeare.txt";
 /// batches need them, with its test set decoded; every other source as [`load_job`] loads it.
 pub fn open_job(spec: &TrainingJobSpec, data_dir: &Path) -> Result<JobData, DataError> {
     let data = &spec.data;
+    // How its s3:// locations are reached (every file-based source reads through the store).
+    super::store::configure(data.s3.as_ref());
     let size = match data.image_size.as_deref() {
         Some(&[h, w]) => Some((h, w)),
         _ => None,

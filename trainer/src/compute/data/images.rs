@@ -1,6 +1,7 @@
 //! Image folders (`source: images`): the ImageFolder layout `<root>/<class>/<file>.jpg|jpeg|png`,
 //! classes numbered in the order of their names, decoded with the `image` crate as batches need
-//! the files, so only the list of files is held in memory.
+//! the files, so only the list of files is held in memory. The root is a local folder or an
+//! `s3://<bucket>/<prefix>` whose keys have that layout ([`super::store`] lists and reads both).
 //!
 //! Expected flow: [`open`] lists the classes and files and reads every file's header (size and
 //! colour, not its pixels) to fix the sample shape; [`ImageFolder`] then serves batches, its
@@ -34,6 +35,7 @@ use image::{DynamicImage, ImageDecoder, ImageReader};
 use super::augment::Transform;
 use super::pipeline::{Decode, Feed, Flow, Item, Load, Pipeline, Plan, Producer};
 use super::split::held_out;
+use super::store;
 use super::table::rank_indices;
 use super::{DataCursor, DataError, Dataset, InputShape, Prep, Source};
 
@@ -104,10 +106,14 @@ impl Sizing {
 pub fn open(root: &Path, test: Option<&Path>, sizing: Sizing) -> Result<FolderSplits, DataError> {
     let (train_root, test_root) = match test {
         Some(t) => (root.to_owned(), Some(t.to_owned())),
-        None => match ["test", "val"].iter().map(|n| root.join(n)).find(|p| p.is_dir()) {
-            Some(t) if root.join("train").is_dir() => (root.join("train"), Some(t)),
-            _ => (root.to_owned(), None),
-        },
+        None => {
+            match ["test", "val"].iter().map(|n| root.join(n)).find(|p| store::is_dir(p).unwrap_or(false)) {
+                Some(t) if store::is_dir(&root.join("train")).unwrap_or(false) => {
+                    (root.join("train"), Some(t))
+                }
+                _ => (root.to_owned(), None),
+            }
+        }
     };
     let classes = class_names(&train_root)?;
     let (train_files, train_headers, train_skipped) = scan(&train_root, &classes)?;
@@ -178,15 +184,7 @@ pub fn open(root: &Path, test: Option<&Path>, sizing: Sizing) -> Result<FolderSp
 
 /// The class folders of `root`, sorted by name.
 fn class_names(root: &Path) -> Result<Vec<String>, DataError> {
-    let entries = std::fs::read_dir(root).map_err(|source| io_err(root, source))?;
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| io_err(root, source))?;
-        if entry.path().is_dir() {
-            names.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    names.sort();
+    let names: Vec<String> = store::list(root)?.into_iter().filter(|e| e.dir).map(|e| e.name).collect();
     if names.is_empty() {
         return Err(DataError::Config(format!(
             "image folder {} has no class folders: lay it out as {}/<class>/<file>.png (or .jpg), one folder per class",
@@ -204,15 +202,10 @@ fn scan(root: &Path, classes: &[String]) -> Result<(Vec<ImageFile>, Vec<Header>,
     for name in class_names(root)? {
         let Some(label) = classes.iter().position(|c| *c == name) else { continue };
         let dir = root.join(&name);
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|source| io_err(&dir, source))?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| is_image(p))
-            .collect();
-        paths.sort();
-        for path in paths {
-            match header(&path) {
+        let paths: Vec<PathBuf> =
+            store::list(&dir)?.into_iter().map(|e| e.path).filter(|p| is_image(p)).collect();
+        for (path, reader) in paths.clone().into_iter().zip(store::readers(paths)) {
+            match reader.map_err(|e| e.to_string()).and_then(|r| header_of(ImageReader::new(r))) {
                 Ok(h) => {
                     files.push(ImageFile { path, label: label as u32 });
                     headers.push(h);
@@ -236,11 +229,6 @@ pub fn is_image(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| IMAGE_EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
-}
-
-fn header(path: &Path) -> Result<Header, String> {
-    let reader = ImageReader::open(path).map_err(|e| e.to_string())?;
-    header_of(reader)
 }
 
 pub(crate) fn header_of<R: BufRead + Seek>(reader: ImageReader<R>) -> Result<Header, String> {
@@ -297,9 +285,9 @@ pub fn decode<R: BufRead + Seek>(
     Ok(())
 }
 
-/// Decodes the file `path` into `out` as `shape` (see [`decode`]).
+/// Decodes the file (or object) `path` into `out` as `shape` (see [`decode`]).
 pub fn decode_file(path: &Path, shape: InputShape, out: &mut Vec<f32>) -> Result<(), String> {
-    decode(ImageReader::open(path).map_err(|e| e.to_string())?, shape, out)
+    decode(ImageReader::new(store::reader(path).map_err(|e| e.to_string())?), shape, out)
 }
 
 /// Decodes every image of `set` into a data set in memory (the test set) as `transform` prepares
@@ -308,8 +296,9 @@ pub fn decode_all(set: &ImageSet, transform: &Transform) -> Dataset {
     let mut features = Vec::with_capacity(set.files.len() * set.shape.features());
     let mut labels = Vec::with_capacity(set.files.len());
     let mut skipped = set.skipped;
-    for f in &set.files {
-        match ImageReader::open(&f.path).map_err(|e| e.to_string()).and_then(decode_image) {
+    let readers = store::readers(set.files.iter().map(|f| f.path.clone()).collect());
+    for (f, reader) in set.files.iter().zip(readers) {
+        match reader.map_err(|e| e.to_string()).and_then(|r| decode_image(ImageReader::new(r))) {
             Ok(image) => {
                 transform.eval(image, &mut features);
                 labels.push(f.label);
@@ -327,22 +316,20 @@ pub fn decode_all(set: &ImageSet, transform: &Transform) -> Dataset {
     Dataset::classified(set.name.clone(), set.shape, set.classes.len(), features, labels)
 }
 
-/// How the pipeline's threads turn a sample into a training sample: decoded, then augmented by
-/// `transform` for the epoch.
+/// How the pipeline's threads turn a sample into a training sample: decoded (from a file or an
+/// object), then augmented by `transform` for the epoch.
 pub(crate) fn train_decoder(transform: Arc<Transform>) -> Decode {
     Arc::new(move |item: &Item, epoch: u64| {
         let image = match &item.load {
-            Load::File(path) => ImageReader::open(path).map_err(|e| e.to_string()).and_then(decode_image)?,
+            Load::File(path) => {
+                decode_image(ImageReader::new(store::reader(path).map_err(|e| e.to_string())?))?
+            }
             Load::Bytes(bytes) => decode_image(ImageReader::new(Cursor::new(bytes.as_slice())))?,
         };
         let mut out = Vec::with_capacity(transform.shape.features());
         transform.train(image, epoch, item.id, &mut out);
         Ok(out)
     })
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> DataError {
-    DataError::Io { path: path.to_owned(), source }
 }
 
 /// Batches of an image folder for one rank, decoded and augmented ahead of the step (see the

@@ -27,6 +27,7 @@ pub mod images;
 pub(crate) mod pipeline;
 pub mod shards;
 pub mod split;
+pub mod store;
 pub mod stream;
 pub mod synthetic;
 pub mod table;
@@ -182,6 +183,15 @@ pub(crate) fn format_err(path: &Path, place: String, message: impl Into<String>)
 
 /// Opens a file, decompressing it when its name ends in `.gz`.
 pub(crate) fn open(path: &Path) -> Result<Box<dyn Read + Send>, DataError> {
+    if store::is_remote(path) {
+        let (object, _) = store::open(path)?;
+        let read: Box<dyn Read + Send> = if path.extension().is_some_and(|e| e == "gz") {
+            Box::new(flate2::read::GzDecoder::new(object))
+        } else {
+            object
+        };
+        return Ok(read);
+    }
     let f = File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             DataError::Missing { path: path.to_owned() }

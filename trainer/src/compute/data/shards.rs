@@ -1,7 +1,9 @@
 //! WebDataset tar shards (`source: shards`): each sample is the consecutive members `<key>.jpg`
 //! (or `.jpeg`, `.png`) and `<key>.cls` (its class, a decimal integer) of a tar file, the shards
 //! given as a folder of `.tar` files or a brace pattern (`/data/train-{000..009}.tar`). Shards are
-//! read in sequence with the `tar` crate, one member at a time, never whole in memory.
+//! read in sequence with the `tar` crate, one member at a time, never whole in memory. The folder,
+//! pattern or file may be in object storage (`s3://<bucket>/train-{000..009}.tar`): an object is
+//! streamed by ranged reads ([`super::store`]), and a failed request is an error, not damage.
 //!
 //! Expected flow: [`ShardSet::open`] walks every shard's headers once (skipping image data by
 //! seeking; reading only the small `.cls` members) to count its samples and classes and to read
@@ -28,7 +30,7 @@
 //! run (the next rank's first), so with corrupt data a sample may be seen by two ranks in an epoch.
 
 use std::fs::File;
-use std::io::{BufReader, Cursor, Read};
+use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +41,7 @@ use image::ImageReader;
 use super::augment::Transform;
 use super::images::{self, IMAGE_EXTENSIONS};
 use super::pipeline::{Feed, Flow, Item, Load, Pipeline, Plan, Producer};
+use super::store;
 use super::{DataCursor, DataError, Dataset, InputShape, Prep, Source};
 use crate::compute::rng::Rng;
 
@@ -47,7 +50,7 @@ use crate::compute::rng::Rng;
 /// one file.
 pub fn shard_paths(location: &str) -> Result<Vec<PathBuf>, DataError> {
     let path = Path::new(location);
-    if path.is_dir() {
+    if store::is_dir(path)? {
         let found = super::stream::shard_files(path, ".tar")?;
         if found.is_empty() {
             return Err(DataError::Config(format!("{location}: the folder has no .tar shard")));
@@ -96,15 +99,8 @@ fn walk(
     wants: impl Fn(u64) -> bool,
     mut each: impl FnMut(u64, Member<'_>) -> bool,
 ) -> Result<WalkEnd, DataError> {
-    let file = File::open(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            DataError::Missing { path: path.to_owned() }
-        } else {
-            DataError::Io { path: path.to_owned(), source: e }
-        }
-    })?;
-    let len = file.metadata().map_err(|source| DataError::Io { path: path.to_owned(), source })?.len();
-    let mut archive = tar::Archive::new(BufReader::new(file));
+    let (file, len) = store::open(path)?;
+    let mut archive = tar::Archive::new(file);
     let entries =
         archive.entries_with_seek().map_err(|source| DataError::Io { path: path.to_owned(), source })?;
     let mut end = WalkEnd::default();
@@ -112,6 +108,7 @@ fn walk(
     for entry in entries {
         let mut entry = match entry {
             Ok(e) => e,
+            Err(e) if store::is_store_error(&e) => return Err(DataError::Config(e.to_string())),
             Err(e) => {
                 end.skipped += 1;
                 tracing::warn!(
@@ -153,6 +150,9 @@ fn walk(
             let bytes = if wants(g.index) {
                 let mut b = Vec::with_capacity(entry.size() as usize);
                 if let Err(e) = entry.read_to_end(&mut b) {
+                    if store::is_store_error(&e) {
+                        return Err(DataError::Config(e.to_string()));
+                    }
                     end.skipped += 1;
                     tracing::warn!("shard {} ends in an unreadable member {name}: {e}", path.display());
                     (g.image, g.label) = (None, None);
@@ -636,8 +636,7 @@ pub fn pack(root: &Path, out: &Path, shard_bytes: u64, seed: u64) -> Result<Pack
             ShardWriter { out, prefix, shard_bytes, builder: None, bytes: 0, written: Vec::new() };
         for (n, &i) in order.iter().enumerate() {
             let f = &set.files[i];
-            let bytes =
-                std::fs::read(&f.path).map_err(|source| DataError::Io { path: f.path.clone(), source })?;
+            let bytes = store::read(&f.path)?;
             let ext = f.path.extension().and_then(|e| e.to_str()).unwrap_or("png").to_ascii_lowercase();
             writer.add(&format!("{n:09}"), &ext, &bytes, f.label)?;
         }

@@ -223,12 +223,5 @@ impl Source for ShardStream {
 
 /// The paths of `dir`'s files whose names end in `suffix`, sorted by name.
 pub fn shard_files(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>, DataError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| DataError::Io { path: dir.to_owned(), source })?;
-    let mut found: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(suffix)))
-        .collect();
-    found.sort();
-    Ok(found)
+    super::store::files(dir, suffix)
 }
