@@ -2,8 +2,10 @@
 //! benchmarked CNNs (`resnet20`, `resnet18`, `vgga`, at `engine-step`'s batches), timed alone:
 //! forward, and backward with the weight and input gradients (the weight gradient only for a
 //! network's first layer, as the network runs it). Each is run R times (default 5) after one
-//! warm-up; one JSON line per layer with the minimum and median milliseconds, and one per model
-//! with the totals weighted by how often the shape occurs in the model. For A/B comparisons of the
+//! warm-up; one JSON line per layer with the minimum and median milliseconds of wall time and of
+//! the process's CPU time (the steadier figure on a machine shared with other work: at one thread
+//! it leaves out the time the thread waited for a core), and one line per model with the totals
+//! weighted by how often the shape occurs in the model. For A/B comparisons of the
 //! convolution's code paths, next to `engine-step`'s whole steps.
 
 use std::time::Instant;
@@ -115,30 +117,42 @@ fn main() {
         if wanted.as_ref().is_some_and(|w| !w.iter().any(|m| m == model)) {
             continue;
         }
-        let (mut fwd, mut bwd) = (0.0, 0.0);
+        let mut total = [0.0f64; 4];
         for s in &shapes {
-            let (f, b) = time(&pool, s, batch, reps);
+            let t = time(&pool, s, batch, reps);
+            let ms = |i: usize| serde_json::json!({"min": t[i].0, "median": t[i].1});
             println!(
                 "{}",
                 serde_json::json!({
                     "model": model, "layer": format!("{:?}", s.spec), "hw": s.hw, "count": s.count,
                     "input_grad": s.dx, "threads": threads,
-                    "forward_ms": {"min": f.0, "median": f.1},
-                    "backward_ms": {"min": b.0, "median": b.1},
+                    "forward_ms": ms(0), "backward_ms": ms(1), "forward_cpu_ms": ms(2), "backward_cpu_ms": ms(3),
                 })
             );
-            fwd += f.1 * s.count as f64;
-            bwd += b.1 * s.count as f64;
+            for (sum, (_, median)) in total.iter_mut().zip(t) {
+                *sum += median * s.count as f64;
+            }
         }
         println!(
             "{}",
-            serde_json::json!({"model": model, "threads": threads, "forward_ms": fwd, "backward_ms": bwd})
+            serde_json::json!({
+                "model": model, "threads": threads, "forward_ms": total[0], "backward_ms": total[1],
+                "forward_cpu_ms": total[2], "backward_cpu_ms": total[3],
+            })
         );
     }
 }
 
-/// (min, median) milliseconds of the forward and of the backward pass.
-fn time(pool: &Pool, s: &Shape, batch: usize, reps: usize) -> ((f64, f64), (f64, f64)) {
+/// The process's CPU time (all its threads), milliseconds.
+fn cpu_ms() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
+/// (min, median) milliseconds of the forward and of the backward pass, wall then CPU time.
+fn time(pool: &Pool, s: &Shape, batch: usize, reps: usize) -> [(f64, f64); 4] {
     let mut layer = match Conv2d::new(s.spec, s.hw, s.hw) {
         Ok(l) => l,
         Err(e) => fail(&e),
@@ -164,21 +178,23 @@ fn time(pool: &Pool, s: &Shape, batch: usize, reps: usize) -> ((f64, f64), (f64,
     let mut dy = dy0.clone();
     let mut dx = vec![0.0; x.len()];
     let mut grads = vec![0.0; np];
-    let (mut tf, mut tb) = (Vec::new(), Vec::new());
+    let mut times: [Vec<f64>; 4] = Default::default();
     for r in 0..=reps {
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), cpu_ms());
         layer.forward(&cx, &params, State::Train(&mut []), &x, &mut y);
-        let t1 = Instant::now();
+        let (t1, c1) = (Instant::now(), cpu_ms());
         dy.copy_from_slice(&dy0);
-        let t2 = Instant::now();
+        let (t2, c2) = (Instant::now(), cpu_ms());
         layer.backward(&cx, &params, &x, &y, &mut dy, s.dx.then_some(&mut dx[..]), &mut grads);
-        let t3 = Instant::now();
+        let (t3, c3) = (Instant::now(), cpu_ms());
         if r > 0 {
-            tf.push((t1 - t0).as_secs_f64() * 1e3);
-            tb.push((t3 - t2).as_secs_f64() * 1e3);
+            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+            for (v, t) in times.iter_mut().zip([ms(t0, t1), ms(t2, t3), c1 - c0, c3 - c2]) {
+                v.push(t);
+            }
         }
     }
-    (min_median(&mut tf), min_median(&mut tb))
+    times.map(|mut v| min_median(&mut v))
 }
 
 fn min_median(v: &mut [f64]) -> (f64, f64) {
