@@ -19,6 +19,8 @@
 //!
 //! The weight re-layouts run on every thread, each its own output channels or taps.
 
+use super::norm::add_rows;
+use super::residual::{add_into, relu_mask};
 use super::{Ctx, Init, Layer, Layout, ParamSpec, State};
 use crate::gemm::{Bias, Epilogue, Index, MatA, MatB, gemm, row_tile};
 use crate::pool::{SharedMut, split};
@@ -99,6 +101,9 @@ pub struct Conv2d {
     wt: Vec<f32>,
     /// The weight gradient as `[k × cout]` in tap order.
     gtap: Vec<f32>,
+    /// Per thread but the first: its partial weight gradient over its samples, `[k × cout]` (when
+    /// the threads split the batch for it, see [`Conv2d::taps_split`]).
+    gpart: Vec<Vec<f32>>,
     /// Per thread: the bias gradient's partial sum over the thread's samples.
     gbias: Vec<Vec<f32>>,
     dgrad: InputGrad,
@@ -145,6 +150,7 @@ impl Conv2d {
             xp: Vec::new(),
             wt: Vec::new(),
             gtap: Vec::new(),
+            gpart: Vec::new(),
             gbias: Vec::new(),
             dgrad,
             capacity: 0,
@@ -153,6 +159,16 @@ impl Conv2d {
 
     fn k(&self) -> usize {
         self.spec.kh * self.spec.kw * self.spec.cin
+    }
+
+    /// Whether the threads split the weight gradient's taps (each over the whole batch) rather than
+    /// the batch (each all taps over its samples, then the partial sums added): the taps when the
+    /// weights outweigh the activations each thread would read again, so adding `threads` copies of
+    /// the weights would cost more than reading the batch's input and output gradient once more
+    /// per thread.
+    fn taps_split(&self, batch: usize, threads: usize) -> bool {
+        let ConvSpec { cin, cout, .. } = self.spec;
+        threads == 1 || self.k() * cout >= batch * self.ho * self.wo * (cin + cout)
     }
 }
 
@@ -334,28 +350,6 @@ fn scatter(dxp: &mut [f32], cols: &[f32], pix: &[usize], tap: &[usize], base: us
 }
 }
 
-crate::simd::multiversion! {
-/// The output gradient's part that passes the fused ReLU: zero where the output is not positive.
-fn relu_mask(dy: &mut [f32], y: &[f32]) {
-    for (g, &v) in dy.iter_mut().zip(y) {
-        if v <= 0.0 {
-            *g = 0.0;
-        }
-    }
-}
-}
-
-crate::simd::multiversion! {
-/// `acc += Σ rows of x` (rows of `acc.len()` values).
-fn add_rows(acc: &mut [f32], x: &[f32]) {
-    for row in x.chunks_exact(acc.len()) {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a += v;
-        }
-    }
-}
-}
-
 impl Conv2d {
     /// Where the input sits in the padded input.
     fn input_frame(&self) -> Frame {
@@ -434,6 +428,11 @@ impl Layer for Conv2d {
         }
         self.wt.resize(k * cout, 0.0);
         self.gtap.resize(k * cout, 0.0);
+        let parts = if self.taps_split(batch, threads) { 0 } else { threads - 1 };
+        self.gpart.resize_with(parts, Vec::new);
+        for g in &mut self.gpart {
+            g.resize(k * cout, 0.0);
+        }
         self.gbias.resize_with(threads, Vec::new);
         for g in &mut self.gbias {
             g.resize(cout, 0.0);
@@ -551,81 +550,151 @@ impl Layer for Conv2d {
                 }
             }
         });
-        // The weight gradient by taps (over the whole batch), then the input gradient by samples.
+        // The weight gradient, then the input gradient by samples.
         let (gw, gb) = grads.split_at_mut(cout * k);
-        let (gws, gtap) = (SharedMut::new(gw), SharedMut::new(&mut self.gtap));
+        let (gws, gtap, gpart) =
+            (SharedMut::new(gw), SharedMut::new(&mut self.gtap), SharedMut::new(&mut self.gpart));
         let mr = row_tile(cout);
         let tiles = k.div_ceil(mr);
+        let by_taps = self.taps_split(cx.batch, threads) || self.gpart.len() + 1 < threads;
         let dy = &dy[..all * cout];
-        let in_frame = self.input_frame();
-        let hw = self.h * self.w;
-        let img_in = hw * cin;
         let dxs = dx.map(SharedMut::new);
+        let frame = self.input_frame();
         let (tap, pix, xp) = (&self.tap, &self.pix[..all], &self.xp);
-        let dgrad = match &mut self.dgrad {
+        let how = match &mut self.dgrad {
             InputGrad::Direct { tap, pix, dyp, wf, .. } => Dgrad::Direct { tap, pix, dyp, wf },
             InputGrad::Scatter { dxp, wk, dcols } => {
                 Dgrad::Scatter { dxp: SharedMut::new(dxp), wk, dcols: SharedMut::new(dcols) }
             }
         };
+        let input_grad = InputGradRun { spec, npix, frame, tap, pix, how };
+        let img_in = self.h * self.w * cin;
         cx.pool.run(|tid| {
-            let t = split(tiles, tid, threads);
-            let taps = (t.start * mr).min(k)..(t.end * mr).min(k);
-            // SAFETY: the threads' rows (taps) of the tap-order gradient are disjoint, and so are
-            // the positions of their taps in PyTorch's layout.
-            let mine = unsafe { gtap.range(taps.start * cout..taps.end * cout) };
-            let a = MatA { data: xp, rows: Index::Table(&tap[taps.clone()]), cols: Index::Table(pix) };
-            let b = MatB::row_major(dy, cout);
-            let r = gemm(taps.len(), cout, all, a, b, mine, cout, Epilogue::default());
-            debug_assert!(r.is_ok(), "{r:?}");
-            unsafe { taps_to_weights(&spec, mine, taps, gws.as_ptr()) };
+            if by_taps {
+                // Each thread its taps (rows of the tap-order gradient) over the whole batch, then
+                // their positions in PyTorch's layout.
+                let t = split(tiles, tid, threads);
+                let taps = (t.start * mr).min(k)..(t.end * mr).min(k);
+                // SAFETY: the threads' rows of the tap-order gradient are disjoint, and so are the
+                // positions of their taps in PyTorch's layout.
+                let mine = unsafe { gtap.range(taps.start * cout..taps.end * cout) };
+                let a = MatA { data: xp, rows: Index::Table(&tap[taps.clone()]), cols: Index::Table(pix) };
+                let r = gemm(
+                    taps.len(),
+                    cout,
+                    all,
+                    a,
+                    MatB::row_major(dy, cout),
+                    mine,
+                    cout,
+                    Epilogue::default(),
+                );
+                debug_assert!(r.is_ok(), "{r:?}");
+                unsafe { taps_to_weights(&spec, mine, taps, gws.as_ptr()) };
+            } else {
+                // Each thread all taps over its samples: thread 0 into the gradient, the others
+                // into their partial sums (added in the next region).
+                let samples = split(cx.batch, tid, threads);
+                let (p0, p1) = (samples.start * npix, samples.end * npix);
+                // SAFETY: thread 0 alone writes the tap-order gradient, thread `tid` > 0 alone its
+                // partial.
+                let c = if tid == 0 {
+                    unsafe { gtap.range(0..k * cout) }
+                } else {
+                    unsafe { &mut gpart.range(tid - 1..tid)[0][..k * cout] }
+                };
+                if samples.is_empty() {
+                    c.fill(0.0);
+                } else {
+                    let a = MatA { data: xp, rows: Index::Table(tap), cols: Index::Table(&pix[p0..p1]) };
+                    let b = MatB::row_major(&dy[p0 * cout..p1 * cout], cout);
+                    let r = gemm(k, cout, p1 - p0, a, b, c, cout, Epilogue::default());
+                    debug_assert!(r.is_ok(), "{r:?}");
+                }
+            }
             let Some(dxs) = dxs else { return };
             let samples = split(cx.batch, tid, threads);
             // SAFETY: the threads' samples of dx are disjoint.
             let dx_mine = unsafe { dxs.range(samples.start * img_in..samples.end * img_in) };
-            match &dgrad {
-                Dgrad::Direct { tap, pix, dyp, wf } => {
-                    let (q0, q1) = (samples.start * hw, samples.end * hw);
-                    let a = MatA { data: dyp, rows: Index::Table(&pix[q0..q1]), cols: Index::Table(tap) };
-                    let r = gemm(
-                        q1 - q0,
-                        cin,
-                        tap.len(),
-                        a,
-                        MatB::row_major(wf, cin),
-                        dx_mine,
-                        cin,
-                        Epilogue::default(),
-                    );
-                    debug_assert!(r.is_ok(), "{r:?}");
-                }
-                Dgrad::Scatter { dxp, wk, dcols } => {
-                    let img_p = in_frame.img();
-                    // SAFETY: each thread owns its samples' padded gradient images and its chunk.
-                    let dxp_mine = unsafe { dxp.range(samples.start * img_p..samples.end * img_p) };
-                    dxp_mine.fill(0.0);
-                    let cols = unsafe { &mut dcols.range(tid..tid + 1)[0] };
-                    let base = samples.start * img_p;
-                    let (p0, p1) = (samples.start * npix, samples.end * npix);
-                    let mut q0 = p0;
-                    while q0 < p1 {
-                        let q1 = (q0 + DX_CHUNK).min(p1);
-                        let rows = q1 - q0;
-                        let a = MatA::row_major(&dy[q0 * cout..], cout);
-                        let part = &mut cols[..rows * k];
-                        let r = gemm(rows, k, cout, a, MatB::row_major(wk, k), part, k, Epilogue::default());
-                        debug_assert!(r.is_ok(), "{r:?}");
-                        scatter(dxp_mine, part, &pix[q0..q1], tap, base, cin);
-                        q0 = q1;
-                    }
-                    in_frame.crop(dxp_mine, dx_mine);
-                }
-            }
+            input_grad.run(tid, samples, dy, dx_mine);
         });
+        if !by_taps {
+            // The partial sums added in thread order, each thread its taps, then their positions
+            // in PyTorch's layout.
+            let parts = &self.gpart[..threads - 1];
+            cx.pool.run(|tid| {
+                let t = split(tiles, tid, threads);
+                let taps = (t.start * mr).min(k)..(t.end * mr).min(k);
+                if taps.is_empty() {
+                    return;
+                }
+                let span = taps.start * cout..taps.end * cout;
+                // SAFETY: the threads' rows of the tap-order gradient and the positions of their
+                // taps in PyTorch's layout are disjoint.
+                let mine = unsafe { gtap.range(span.clone()) };
+                for part in parts {
+                    add_into(mine, &part[span.clone()]);
+                }
+                unsafe { taps_to_weights(&spec, mine, taps, gws.as_ptr()) };
+            });
+        }
         // The bias: the threads' partial sums in thread order.
         if bias {
             for (co, g) in gb.iter_mut().enumerate().take(cout) {
                 *g = self.gbias[..threads].iter().map(|p| p[co]).sum();
+            }
+        }
+    }
+}
+
+/// The input gradient's part of the second backward region.
+struct InputGradRun<'a> {
+    spec: ConvSpec,
+    /// Output pixels per sample.
+    npix: usize,
+    /// Where the input sits in the padded input (and the strided path's padded gradient).
+    frame: Frame,
+    /// The input's taps and the output pixels' patch origins (where the strided path scatters).
+    tap: &'a [usize],
+    pix: &'a [usize],
+    how: Dgrad<'a>,
+}
+
+impl InputGradRun<'_> {
+    /// The input gradient `dx` of `samples` (their part of dx) from the masked output gradient `dy`
+    /// (the whole batch's), on thread `tid`.
+    fn run(&self, tid: usize, samples: std::ops::Range<usize>, dy: &[f32], dx: &mut [f32]) {
+        let ConvSpec { cin, cout, .. } = self.spec;
+        match &self.how {
+            Dgrad::Direct { tap, pix, dyp, wf } => {
+                let hw = self.frame.h * self.frame.w;
+                let (q0, q1) = (samples.start * hw, samples.end * hw);
+                let a = MatA { data: dyp, rows: Index::Table(&pix[q0..q1]), cols: Index::Table(tap) };
+                let b = MatB::row_major(wf, cin);
+                let r = gemm(q1 - q0, cin, tap.len(), a, b, dx, cin, Epilogue::default());
+                debug_assert!(r.is_ok(), "{r:?}");
+            }
+            Dgrad::Scatter { dxp, wk, dcols } => {
+                let k = self.tap.len();
+                let img_p = self.frame.img();
+                // SAFETY: each thread owns its samples' padded gradient images and its chunk.
+                let dxp_mine = unsafe { dxp.range(samples.start * img_p..samples.end * img_p) };
+                dxp_mine.fill(0.0);
+                let cols = unsafe { &mut dcols.range(tid..tid + 1)[0] };
+                let base = samples.start * img_p;
+                let (p0, p1) = (samples.start * self.npix, samples.end * self.npix);
+                let mut q0 = p0;
+                while q0 < p1 {
+                    let q1 = (q0 + DX_CHUNK).min(p1);
+                    let rows = q1 - q0;
+                    let a = MatA::row_major(&dy[q0 * cout..], cout);
+                    let part = &mut cols[..rows * k];
+                    let r = gemm(rows, k, cout, a, MatB::row_major(wk, k), part, k, Epilogue::default());
+                    debug_assert!(r.is_ok(), "{r:?}");
+                    scatter(dxp_mine, part, &self.pix[q0..q1], self.tap, base, cin);
+                    q0 = q1;
+                }
+                self.frame.crop(dxp_mine, dx);
             }
         }
     }
