@@ -16,7 +16,7 @@
 //! vector dimension). The last vector of a row is masked, so any `n` works without padding. Machines
 //! without AVX-512 get a portable kernel (same results up to float rounding).
 //!
-//! Threads: [`gemm`] runs on the calling thread; [`gemm_parallel`] splits the rows of C over a pool.
+//! Threads: [`gemm()`] runs on the calling thread; [`gemm_parallel`] splits the rows of C over a pool.
 
 use crate::pool::{Pool, SharedMut, split};
 
@@ -191,7 +191,7 @@ pub fn gemm(
     gemm_with(Isa::detect(), m, n, k, a, b, c, ldc, epi)
 }
 
-/// [`gemm`] with an explicit micro-kernel (tests compare the two).
+/// [`gemm()`] with an explicit micro-kernel (tests compare the two).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_with(
     isa: Isa,
@@ -211,7 +211,7 @@ pub fn gemm_with(
     Ok(())
 }
 
-/// [`gemm`] with the rows of C split over the pool's threads (each thread a contiguous block of
+/// [`gemm()`] with the rows of C split over the pool's threads (each thread a contiguous block of
 /// whole micro-tiles).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_parallel(
