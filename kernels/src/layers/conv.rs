@@ -513,14 +513,15 @@ impl Layer for Conv2d {
             InputGrad::Scatter { .. } => None,
         };
         // By samples: the ReLU's mask on dy, the bias's partial sums and the padded copy of dy;
-        // by output channels: the input gradient's weights.
+        // by output channels: the input gradient's weights (a region only when there is any).
+        let prepare = relu || bias || want_dx;
         let dys = SharedMut::new(&mut dy[..all * cout]);
         let gbias = SharedMut::new(&mut self.gbias);
         let (dyp, wdx) = match &mut self.dgrad {
             InputGrad::Direct { dyp, wf, .. } => (SharedMut::new(dyp), SharedMut::new(wf)),
             InputGrad::Scatter { wk, .. } => (SharedMut::new(&mut []), SharedMut::new(wk)),
         };
-        cx.pool.run(|tid| {
+        let prep = |tid: usize| {
             let samples = split(cx.batch, tid, threads);
             let (p0, p1) = (samples.start * npix, samples.end * npix);
             // SAFETY: the threads' samples of dy and of its padded copy, their bias partials and
@@ -549,7 +550,10 @@ impl Layer for Conv2d {
                     weights_to_taps_by_row(&spec, wparams, cos, wk_mine);
                 }
             }
-        });
+        };
+        if prepare {
+            cx.pool.run(prep);
+        }
         // The weight gradient, then the input gradient by samples.
         let (gw, gb) = grads.split_at_mut(cout * k);
         let (gws, gtap, gpart) =
