@@ -16,7 +16,7 @@
 //! vector dimension). The last vector of a row is masked, so any `n` works without padding. Machines
 //! without AVX-512 get a portable kernel (same results up to float rounding).
 //!
-//! Threads: [`gemm`] runs on the calling thread; [`gemm_parallel`] splits the rows of C over a pool.
+//! Threads: [`gemm()`] runs on the calling thread; [`gemm_parallel`] splits the rows of C over a pool.
 
 use crate::pool::{Pool, SharedMut, split};
 
@@ -191,7 +191,7 @@ pub fn gemm(
     gemm_with(Isa::detect(), m, n, k, a, b, c, ldc, epi)
 }
 
-/// [`gemm`] with an explicit micro-kernel (tests compare the two).
+/// [`gemm()`] with an explicit micro-kernel (tests compare the two).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_with(
     isa: Isa,
@@ -211,7 +211,7 @@ pub fn gemm_with(
     Ok(())
 }
 
-/// [`gemm`] with the rows of C split over the pool's threads (each thread a contiguous block of
+/// [`gemm()`] with the rows of C split over the pool's threads (each thread a contiguous block of
 /// whole micro-tiles).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_parallel(
@@ -228,7 +228,7 @@ pub fn gemm_parallel(
     check(m, n, k, &a, &b, c.len(), ldc, &epi)?;
     let isa = Isa::detect();
     let threads = pool.threads();
-    let (mr, _) = shape(n);
+    let mr = row_tile(n);
     let tiles = m.div_ceil(mr);
     if threads == 1 || tiles < 2 {
         // SAFETY: as in `gemm_with`.
@@ -283,6 +283,12 @@ fn check(
     }
 }
 
+/// Rows of C per micro-tile for a C of width `n`: callers that split the rows of one product over
+/// threads themselves split in multiples of it, so that no thread runs a partial tile in the middle.
+pub fn row_tile(n: usize) -> usize {
+    shape(n).0
+}
+
 /// Micro-tile shape `(MR, NV)` for a C of width `n`: as many accumulators as fit beside the B
 /// vectors and broadcasts in 32 registers (LLVM hoists all of a k step's broadcasts, so 12×2 and
 /// 8×3 spill), as few wasted lanes as the shapes allow.
@@ -298,6 +304,20 @@ fn shape(n: usize) -> (usize, usize) {
 /// Rows of B per block: one block of `KC × 16·NV` floats (24 KiB) stays in L1 across the m tiles.
 fn kc(nv: usize) -> usize {
     384 / nv
+}
+
+/// Floats of C that one block of rows keeps in L2 across the k blocks (256 KiB).
+const C_BLOCK_FLOATS: usize = 64 * 1024;
+
+/// Rows of C per block (a multiple of `mr`): the k blocks run over one block of rows at a time,
+/// so that its C stays in L2 instead of going to memory and back once per k block, at the cost of
+/// reading B once per block of rows; all `m` rows when C is small enough to stay in L2 anyway or
+/// when blocking costs more than it saves (a wide C: few rows fit; or a short k: few k blocks).
+fn mc(mr: usize, n: usize, kc: usize, k: usize, m: usize) -> usize {
+    let rows = (C_BLOCK_FLOATS / n.max(1)) / mr * mr;
+    let passes = k.div_ceil(kc.max(1)).saturating_sub(1);
+    // Per extra block of rows: B read again (k·n) against C's passes saved (2·rows·n each).
+    if m * n <= 4 * C_BLOCK_FLOATS || rows == 0 || 2 * rows * passes <= k { m.max(1) } else { rows }
 }
 
 /// Runs rows `rows` of C.
@@ -439,7 +459,7 @@ struct TileArgs<const MR: usize, AC, BR> {
 
 type TileFn<const MR: usize, AC, BR> = unsafe fn(&TileArgs<MR, AC, BR>);
 
-/// Loops over k blocks, n tiles and m tiles, calling the micro-kernel.
+/// Loops over blocks of rows ([`mc`]), k blocks, n tiles and m tiles, calling the micro-kernel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn drive<const MR: usize, const NV: usize, AC: Off, BR: Off>(
@@ -463,53 +483,59 @@ unsafe fn drive<const MR: usize, const NV: usize, AC: Off, BR: Off>(
         Bias::PerRow(v) => (v.as_ptr(), std::ptr::null()),
         Bias::PerCol(v) => (std::ptr::null(), v.as_ptr()),
     };
-    for blk in 0..blocks {
-        let k0 = blk * kc;
-        let k1 = (k0 + kc).min(k);
-        let last = blk + 1 == blocks;
-        let accumulate = epi.accumulate || blk > 0;
-        let mut n0 = 0;
-        while n0 < n {
-            let ncols = nr.min(n - n0);
-            let mut m0 = rows.start;
-            while m0 < rows.end {
-                let mrows = MR.min(rows.end - m0);
-                // SAFETY: every offset formed here is within the bounds `check` validated.
-                unsafe {
-                    let first = a.data.as_ptr().add(a.rows.at(m0));
-                    let arows: [*const f32; MR] = std::array::from_fn(|r| {
-                        if r < mrows { a.data.as_ptr().add(a.rows.at(m0 + r)) } else { first }
-                    });
-                    let args = TileArgs {
-                        arows,
-                        ac,
-                        k0,
-                        k1,
-                        b: b.data.as_ptr().add(n0),
-                        br,
-                        c: c.add(m0 * ldc + n0),
-                        ldc,
-                        mrows,
-                        ncols,
-                        accumulate,
-                        bias_row: if last && !bias_row.is_null() {
-                            bias_row.add(m0)
-                        } else {
-                            std::ptr::null()
-                        },
-                        bias_col: if last && !bias_col.is_null() {
-                            bias_col.add(n0)
-                        } else {
-                            std::ptr::null()
-                        },
-                        relu: last && epi.relu,
-                    };
-                    tile(&args);
+    let mc = mc(MR, n, kc, k, rows.len());
+    let mut mb = rows.start;
+    while mb < rows.end {
+        let block_rows = mb..(mb + mc).min(rows.end);
+        for blk in 0..blocks {
+            let k0 = blk * kc;
+            let k1 = (k0 + kc).min(k);
+            let last = blk + 1 == blocks;
+            let accumulate = epi.accumulate || blk > 0;
+            let mut n0 = 0;
+            while n0 < n {
+                let ncols = nr.min(n - n0);
+                let mut m0 = block_rows.start;
+                while m0 < block_rows.end {
+                    let mrows = MR.min(block_rows.end - m0);
+                    // SAFETY: every offset formed here is within the bounds `check` validated.
+                    unsafe {
+                        let first = a.data.as_ptr().add(a.rows.at(m0));
+                        let arows: [*const f32; MR] = std::array::from_fn(|r| {
+                            if r < mrows { a.data.as_ptr().add(a.rows.at(m0 + r)) } else { first }
+                        });
+                        let args = TileArgs {
+                            arows,
+                            ac,
+                            k0,
+                            k1,
+                            b: b.data.as_ptr().add(n0),
+                            br,
+                            c: c.add(m0 * ldc + n0),
+                            ldc,
+                            mrows,
+                            ncols,
+                            accumulate,
+                            bias_row: if last && !bias_row.is_null() {
+                                bias_row.add(m0)
+                            } else {
+                                std::ptr::null()
+                            },
+                            bias_col: if last && !bias_col.is_null() {
+                                bias_col.add(n0)
+                            } else {
+                                std::ptr::null()
+                            },
+                            relu: last && epi.relu,
+                        };
+                        tile(&args);
+                    }
+                    m0 += MR;
                 }
-                m0 += MR;
+                n0 += nr;
             }
-            n0 += nr;
         }
+        mb = block_rows.end;
     }
 }
 

@@ -10,8 +10,9 @@
 //!
 //! Each model runs for about S seconds (default 10) after a warm-up; one JSON line per model with
 //! samples/s (and tokens/s for the GPT), the step's breakdown (forward, loss, backward,
-//! optimizer), the GEMM work's GFLOP/s and its fraction of this machine's GEMM peak at the model's
-//! shapes (the best of them, measured here with the same GEMM and threads). `--profile` adds the
+//! optimizer), the process's CPU time per step, the GEMM work's GFLOP/s and its fraction of this
+//! machine's GEMM peak at the model's shapes (the best of them, measured here with the same GEMM
+//! and threads). `--profile` adds the
 //! time per kind of layer. `bench/train.sh` runs it beside PyTorch.
 
 use std::collections::BTreeMap;
@@ -195,7 +196,7 @@ fn bench(net: &mut Network, b: &Bench, opts: &Options) -> serde_json::Value {
     let (mut t_fwd, mut t_loss, mut t_bwd) = (0.0f64, 0.0f64, 0.0f64);
     let mut steps = 0;
     let mut last_loss = 0.0;
-    let start = Instant::now();
+    let (start, cpu_start) = (Instant::now(), cpu_ms());
     while steps < 3 || start.elapsed().as_secs_f64() < opts.seconds {
         let (c, o, loss) = step(i + steps, net);
         let st = net.last_step();
@@ -208,6 +209,7 @@ fn bench(net: &mut Network, b: &Bench, opts: &Options) -> serde_json::Value {
         last_loss = loss;
         steps += 1;
     }
+    let cpu_per_step = (cpu_ms() - cpu_start) / steps as f64;
     // The profile: one more step, outside the timed ones, with every layer timed (slower by the
     // clock reads only, a few hundred per step).
     let mut kinds: BTreeMap<String, (f64, f64)> = BTreeMap::new();
@@ -244,6 +246,7 @@ fn bench(net: &mut Network, b: &Bench, opts: &Options) -> serde_json::Value {
         "parameters": n,
         "samples_per_second": samples_per_second,
         "ms_per_step": per(total),
+        "cpu_ms_per_step": cpu_per_step,
         "breakdown_ms": {
             "forward": per(t_fwd),
             "loss": per(t_loss),
@@ -269,6 +272,15 @@ fn bench(net: &mut Network, b: &Bench, opts: &Options) -> serde_json::Value {
         );
     }
     record
+}
+
+/// The process's CPU time (all its threads), milliseconds: at one thread the steadier figure on a
+/// machine shared with other work (it leaves out the time the thread waited for a core).
+fn cpu_ms() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
 }
 
 /// PyTorch's SGD with momentum (dampening 0, no weight decay): `v = μ·v + g; p −= lr·v`.

@@ -6,6 +6,8 @@
 //! and weight gradient `dW = dYᵀ·X` (A = dY read transposed by strides, B = X in place). No
 //! activation copy. Rows of C are split over the pool.
 
+use super::norm::add_rows;
+use super::residual::add_into;
 use super::{Ctx, Init, Layer, Layout, ParamSpec, State};
 use crate::gemm::{Bias, Epilogue, MatA, MatB, gemm_parallel};
 use crate::pool::{SharedMut, split};
@@ -99,19 +101,12 @@ impl Layer for Linear {
                 // SAFETY: thread `tid` alone uses its partial.
                 let part = unsafe { &mut parts.range(tid..tid + 1)[0] };
                 part.fill(0.0);
-                for row in
-                    dy[split(n, tid, threads).start * o..split(n, tid, threads).end * o].chunks_exact(o)
-                {
-                    for (s, &g) in part.iter_mut().zip(row) {
-                        *s += g;
-                    }
-                }
+                let r = split(n, tid, threads);
+                add_rows(part, &dy[r.start * o..r.end * o]);
             });
             gb.fill(0.0);
             for part in &self.bpart[..threads] {
-                for (s, &g) in gb.iter_mut().zip(part) {
-                    *s += g;
-                }
+                add_into(gb, part);
             }
         }
         let r = gemm_parallel(

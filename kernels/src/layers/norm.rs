@@ -112,7 +112,7 @@ impl BatchNorm {
 
 crate::simd::multiversion! {
 /// `acc += Σ rows of x`.
-fn add_rows(acc: &mut [f32], x: &[f32]) {
+pub(crate) fn add_rows(acc: &mut [f32], x: &[f32]) {
     for row in x.chunks_exact(acc.len()) {
         for (a, &v) in acc.iter_mut().zip(row) {
             *a += v;

@@ -4,10 +4,13 @@
 //!
 //! Tensors: the main chain's (unprefixed, so the block's name is theirs: `layer1.0.conv1.weight`),
 //! then the shortcut's under its name (`layer1.0.downsample.0.weight`). Backward sends the same
-//! gradient down both paths and adds their input gradients.
+//! gradient down both paths and adds their input gradients. The sums and the ReLU run on all
+//! threads, each its part of the values.
 
 use super::chain::join;
+use super::simple::par_ranges;
 use super::{Chain, Ctx, Layer, LayerTime, Layout, ParamSpec, State, StateSpec};
+use crate::pool::SharedMut;
 
 /// `post(main(x) + shortcut(x))`.
 pub struct Residual {
@@ -166,7 +169,13 @@ impl Layer for Residual {
             }
             None => &x[..n],
         };
-        add_relu(&mut y[..n], m, other, self.relu);
+        let (ys, relu) = (SharedMut::new(&mut y[..n]), self.relu);
+        let m = &*m;
+        par_ranges(cx.pool, n, |r| {
+            // SAFETY: the threads' parts are disjoint.
+            let yo = unsafe { ys.range(r.clone()) };
+            add_relu(yo, &m[r.clone()], &other[r], relu);
+        });
     }
 
     fn backward(
@@ -183,11 +192,17 @@ impl Layer for Residual {
         let n = cx.batch * self.output().features();
         let nin = cx.batch * self.input().features();
         let dy = &mut dy[..n];
-        if self.relu {
-            relu_mask(dy, &y[..n]);
-        }
         let dz = &mut self.dz[..n];
-        dz.copy_from_slice(dy);
+        let (dys, dzs, relu) = (SharedMut::new(dy), SharedMut::new(dz), self.relu);
+        par_ranges(cx.pool, n, |r| {
+            // SAFETY: the threads' parts are disjoint.
+            let (g, z) = unsafe { (dys.range(r.clone()), dzs.range(r.clone())) };
+            if relu {
+                relu_mask(g, &y[r]);
+            }
+            z.copy_from_slice(g);
+        });
+        let (dy, dz) = (&mut *dy, &mut *dz);
         let (gm, gs) = grads.split_at_mut(pm);
         let mut dx = dx.map(|d| &mut d[..nin]);
         self.main.backward(cx, &params[..pm], x, &self.m[..n], dy, dx.as_deref_mut(), gm);
@@ -205,16 +220,26 @@ impl Layer for Residual {
                     gs,
                 );
                 if let Some(dx) = dx {
-                    add_into(dx, dxs);
+                    add_in_parts(cx, dx, dxs);
                 }
             }
             None => {
                 if let Some(dx) = dx {
-                    add_into(dx, dz);
+                    add_in_parts(cx, dx, dz);
                 }
             }
         }
     }
+}
+
+/// `d += s` on all threads.
+fn add_in_parts(cx: &Ctx<'_>, d: &mut [f32], s: &[f32]) {
+    let ds = SharedMut::new(d);
+    par_ranges(cx.pool, s.len(), |r| {
+        // SAFETY: the threads' parts are disjoint.
+        let part = unsafe { ds.range(r.clone()) };
+        add_into(part, &s[r]);
+    });
 }
 
 crate::simd::multiversion! {

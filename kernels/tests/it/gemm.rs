@@ -1,5 +1,6 @@
 //! The GEMM against the naive triple loop: every micro-tile shape, odd sizes, strided, transposed
-//! and table-addressed operands, accumulation, both bias kinds, ReLU, both micro-kernels and a pool.
+//! and table-addressed operands, accumulation, both bias kinds, ReLU, both micro-kernels and a pool,
+//! and a product large enough to run in blocks of rows.
 
 use crate::common::{Rand, assert_close};
 use tandem_kernels::gemm::{Bias, Epilogue, Index, Isa, MatA, MatB, gemm_parallel, gemm_with};
@@ -36,6 +37,9 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (6, 64, 1000),
     (30, 100, 17),
     (3, 130, 0),
+    // C too large for L2 and k longer than one block: the rows run in blocks of 1,020 (4 whole
+    // blocks and a partial one ending in a partial micro-tile).
+    (4099, 64, 200),
 ];
 
 #[test]

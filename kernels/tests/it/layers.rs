@@ -186,6 +186,14 @@ fn conv_matches_naive_with_stride_padding_and_odd_shapes() {
         (5, 3, 4, 4, 3, 3, 1, 0, false, true, 4),
         // more output channels than one block of the weight re-layouts, and a partial block
         (3, 21, 5, 6, 3, 3, 1, 1, true, false, 2),
+        // stride 1, a non-square kernel: the direct input gradient pads dy by 0 rows and 1 column
+        (3, 4, 6, 7, 2, 3, 1, 1, false, true, 3),
+        // stride 1 with padding as large as the kernel: the input gradient by scattered columns
+        (2, 3, 4, 5, 1, 1, 1, 1, true, false, 2),
+        // more weights than activations: the weight gradient's taps split over the threads (in
+        // whole micro-tiles of 6 and a partial one); the cases above with fewer weights than
+        // activations split the batch and add the threads' partial sums
+        (7, 70, 3, 3, 3, 3, 1, 1, true, true, 2),
     ];
     for &(cin, cout, h, w, kh, kw, stride, pad, bias, relu, n) in &cases {
         let spec = ConvSpec { cin, cout, kh, kw, stride, pad, bias, relu };
