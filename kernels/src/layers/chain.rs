@@ -251,6 +251,16 @@ impl Chain {
         self.state.last().map_or(0, |e| e.offset + e.len)
     }
 
+    /// The chain's input layout and its layers with their names, in order, for a network that
+    /// runs them differently ([`crate::split`]). Errors for a chain with a tied layer, whose
+    /// parameters are another layer's.
+    pub fn into_layers(self) -> Result<(Layout, Vec<(String, Box<dyn Layer>)>), String> {
+        if let Some(n) = self.nodes.iter().find(|n| n.tied.is_some()) {
+            return Err(format!("layer {} reads another layer's weights (weight tying)", n.name));
+        }
+        Ok((self.input, self.nodes.into_iter().map(|n| (n.name, n.layer)).collect()))
+    }
+
     /// One line per layer: `name: description`.
     pub fn describe_layers(&self) -> Vec<String> {
         self.nodes.iter().map(|n| format!("{}: {}", n.name, n.layer.describe())).collect()

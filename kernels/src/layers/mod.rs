@@ -207,6 +207,11 @@ pub trait Layer: Send {
         let _ = input_grad;
         0
     }
+    /// A dense layer's `(inputs, outputs, relu)`, so that a model-parallel network
+    /// ([`crate::split`]) can split it by output rows; `None` for every other layer.
+    fn dense_shape(&self) -> Option<(usize, usize, bool)> {
+        None
+    }
     /// Makes room for batches of up to `batch` samples (allocates; called before the first step
     /// and whenever a larger batch arrives, never in the steady state).
     fn reserve(&mut self, batch: usize, threads: usize);
