@@ -23,6 +23,7 @@ mod engine;
 mod flat;
 mod image_data;
 mod launcher;
+mod model_parallel;
 mod models;
 mod optim;
 mod peers;
