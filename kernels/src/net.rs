@@ -24,8 +24,8 @@
 use std::time::Instant;
 
 use crate::layers::{
-    Chain, ChainBuilder, Ctx, Entry, Init, Layer, LayerTime, Layout, LogitsOrder, SoftmaxCrossEntropy, State,
-    transpose,
+    Chain, ChainBuilder, Ctx, Entry, Init, Layer, LayerTime, Layout, LogitsOrder, NamedLayers,
+    SoftmaxCrossEntropy, State, transpose,
 };
 use crate::pool::Pool;
 
@@ -224,7 +224,7 @@ impl std::fmt::Debug for Network {
 impl Network {
     /// The network's body as its input layout and named top-level layers, in order, without the
     /// loss (see [`Chain::into_layers`]).
-    pub fn into_layers(self) -> Result<(Layout, Vec<(String, Box<dyn Layer>)>), NetError> {
+    pub fn into_layers(self) -> Result<(Layout, NamedLayers), NetError> {
         self.root.into_layers().map_err(NetError::Build)
     }
 

@@ -44,14 +44,17 @@
 //!   (the ranks' batches must be of equal size; a mismatch is the collective's error).
 //! - Nothing allocates once the largest batch has been seen.
 //!
-//! Caveats: every rank keeps the whole parameter vector (the split saves compute and activation
-//! memory of the dense layers, not parameter memory), and the layer's weight gradient is exact on
-//! its owner only, so the group step that averages the whole vector still moves the dense layers'
-//! gradients (see ARCHITECTURE.md).
+//! Caveats: every rank keeps the whole parameter vector (the split saves the dense layers'
+//! compute and activation memory, not their parameter memory); a rank's step may update its own
+//! rows alone ([`SplitNetwork::split_tensors`]) and must then gather them before anything reads
+//! the whole vector. Batch norm in a data-parallel stage uses the rank's own batch statistics,
+//! as in data parallelism, so a network with it matches one process only up to that.
 
 use std::ops::Range;
 
-use crate::layers::{Chain, ChainBuilder, Ctx, Dense, Layer, Layout, SoftmaxCrossEntropy, State, transpose};
+use crate::layers::{
+    Chain, ChainBuilder, Ctx, Dense, Layer, Layout, NamedLayers, SoftmaxCrossEntropy, State, transpose,
+};
 use crate::net::{Batch, BatchStats, NetError, check, lay_out, needs_layout};
 use crate::pool::Pool;
 
@@ -189,7 +192,7 @@ impl std::fmt::Debug for SplitNetwork {
 }
 
 /// Names of the top-level dense layers of `layers`, in order: those that can be split.
-pub fn dense_layers(layers: &[(String, Box<dyn Layer>)]) -> Vec<String> {
+pub fn dense_layers(layers: &NamedLayers) -> Vec<String> {
     layers.iter().filter(|(_, l)| l.dense_shape().is_some()).map(|(n, _)| n.clone()).collect()
 }
 
@@ -199,7 +202,7 @@ impl SplitNetwork {
     /// name a layer of `split` that is not a dense layer of the network.
     pub fn new(
         input: Layout,
-        layers: Vec<(String, Box<dyn Layer>)>,
+        layers: NamedLayers,
         split: &[String],
         group: Box<dyn Group>,
         threads: usize,

@@ -40,6 +40,9 @@ impl Entry {
     }
 }
 
+/// Layers with their names, in order: a chain's body taken apart ([`Chain::into_layers`]).
+pub type NamedLayers = Vec<(String, Box<dyn Layer>)>;
+
 struct Node {
     name: String,
     layer: Box<dyn Layer>,
@@ -254,7 +257,7 @@ impl Chain {
     /// The chain's input layout and its layers with their names, in order, for a network that
     /// runs them differently ([`crate::split`]). Errors for a chain with a tied layer, whose
     /// parameters are another layer's.
-    pub fn into_layers(self) -> Result<(Layout, Vec<(String, Box<dyn Layer>)>), String> {
+    pub fn into_layers(self) -> Result<(Layout, NamedLayers), String> {
         if let Some(n) = self.nodes.iter().find(|n| n.tied.is_some()) {
             return Err(format!("layer {} reads another layer's weights (weight tying)", n.name));
         }

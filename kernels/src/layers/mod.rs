@@ -36,7 +36,7 @@ mod residual;
 mod simple;
 
 pub use attention::CausalSelfAttention;
-pub use chain::{Chain, ChainBuilder, Entry};
+pub use chain::{Chain, ChainBuilder, Entry, NamedLayers};
 pub use conv::{Conv2d, ConvSpec};
 pub use dense::Dense;
 pub use embed::{Embedding, PositionEmbedding};

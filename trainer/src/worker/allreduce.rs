@@ -44,7 +44,7 @@ pub struct AllreduceStep<C: Communicator> {
     optimizer: Optimizer,
     gathered: Option<OptimizerState>,
     /// A model-parallel rank's own rows, which it updates alone.
-    owned: Option<Owned>,
+    owned: Option<Box<Owned>>,
     /// The optimizer's state buffers (the spec's, equal on every rank whatever its block).
     names: Vec<String>,
 }
@@ -156,7 +156,7 @@ impl<C: Communicator> AllreduceStep<C> {
         partition: Option<&Partition>,
     ) -> Result<Self, TrainError> {
         comm.broadcast(params, 0).map_err(super::collective)?;
-        let owned = partition.map(|p| Owned::new(p, params.len(), optimizer)).transpose()?;
+        let owned = partition.map(|p| Owned::new(p, params.len(), optimizer).map(Box::new)).transpose()?;
         let reduced = owned.as_ref().map_or(params.len(), |o| o.grads.len());
         let block = block_range(reduced, comm.size(), comm.rank());
         let names = Optimizer::new(optimizer, 1).state().buffers.into_iter().map(|(n, _)| n).collect();

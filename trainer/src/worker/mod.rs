@@ -209,9 +209,8 @@ pub fn run<C: Communicator>(
     } else {
         let group = model_group.ok_or_else(|| {
             WorkerError::Config(format!(
-                "model.parallelism {:?} splits layers over the group's tcp collectives, and this rank's group \
-                 runs over {}; set workers.backend to tcp",
-                spec.model.parallelism,
+                "model.parallelism hybrid and model split layers over the group's tcp collectives, and this \
+                 rank's group runs over {}; set workers.backend to tcp",
                 comm.backend()
             ))
         })?;
