@@ -11,6 +11,8 @@
 //! rules are evaluated in-process by [`crate::manifest`] for the local runner, which has no API
 //! server, and by [`TrainingJobSpec::validate`].
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -63,6 +65,8 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("!(self.data.source in ['shakespeare', 'text']) || self.model.kind == 'gpt'").message("data.source shakespeare and text are texts: train them with model.kind gpt"))]
 #[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
 #[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
+#[x_kube(validation = Rule::new("!has(self.model.parallelism) || self.model.parallelism == 'data' || self.workers.groupSize >= 2").message("model.parallelism model and hybrid split dense layers over the ranks of a worker group: set workers.groupSize to 2 or more, or use model.parallelism data"))]
+#[x_kube(validation = Rule::new("!has(self.model.parallelism) || self.model.parallelism == 'data' || self.workers.backend == 'tcp'").message("model.parallelism model and hybrid exchange activations over the built-in tcp collectives: set workers.backend to tcp, or use model.parallelism data"))]
 pub struct TrainingJobSpec {
     /// Container image that runs every role (`tandem ps`, `tandem worker`, `tandem launcher`).
     #[serde(default = "default_image")]
@@ -108,6 +112,9 @@ fn default_image() -> String {
 #[x_kube(validation = Rule::new("!(has(self.layers) || has(self.heads) || has(self.dim) || has(self.context)) || self.kind == 'gpt'").message("model.layers, model.heads, model.dim and model.context describe a GPT: remove them, or set model.kind to gpt"))]
 #[x_kube(validation = Rule::new("self.kind != 'gpt' || (has(self.layers) && has(self.heads) && has(self.dim) && has(self.context))").message("model kind gpt needs model.layers (transformer blocks), model.heads (attention heads), model.dim (features per token) and model.context (tokens per sample)"))]
 #[x_kube(validation = Rule::new("!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0").message("model.heads must divide model.dim: each attention head gets model.dim / model.heads features"))]
+#[x_kube(validation = Rule::new("!has(self.parallelism) || self.parallelism != 'model' || self.kind == 'mlp'").message("model.parallelism model splits every layer, and only dense layers can be split: it suits an mlp; for a cnn, resnet or vgg use hybrid (dense layers split, convolutions data-parallel)"))]
+#[x_kube(validation = Rule::new("!has(self.parallelism) || self.parallelism == 'data' || self.kind != 'gpt'").message("a gpt has no dense layers to split over a group: use model.parallelism data"))]
+#[x_kube(validation = Rule::new("!has(self.layerParallelism) || size(self.layerParallelism) == 0 || (has(self.parallelism) && self.parallelism != 'data')").message("model.layerParallelism overrides model.parallelism for single dense layers: set model.parallelism to hybrid or model, or remove it"))]
 pub struct ModelSpec {
     /// `mlp` (fully connected, ReLU), `cnn` (LeNet-style: two conv/pool blocks, then dense),
     /// `resnet` (batch norm, residual blocks; needs `depth`), `vgg` (needs `variant`) or `gpt` (a
@@ -161,6 +168,19 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 8192))]
     pub context: Option<u32>,
+    /// How a worker group's ranks share the layers (PCL-DNN): `data` (the default: every rank
+    /// holds and runs every layer on its own samples), `hybrid` (dense layers split over the
+    /// group's ranks by output features, the other layers data-parallel) or `model` (every layer
+    /// split; an mlp, whose layers are all dense). Needs `workers.groupSize` ≥ 2 and the tcp
+    /// backend.
+    #[serde(default, skip_serializing_if = "Parallelism::is_data")]
+    pub parallelism: Parallelism,
+    /// Per dense layer (by name: `fc1`, `classifier.6`, `fc`), `data` or `model`, overriding
+    /// `parallelism` for that layer; a name that is not a dense layer of the model is refused when
+    /// the model is built.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    pub layer_parallelism: BTreeMap<String, LayerParallelism>,
 }
 
 impl Default for ModelSpec {
@@ -177,6 +197,8 @@ impl Default for ModelSpec {
             heads: None,
             dim: None,
             context: None,
+            parallelism: Parallelism::default(),
+            layer_parallelism: BTreeMap::new(),
         }
     }
 }
@@ -249,6 +271,45 @@ impl ModelKind {
     pub fn is_language_model(self) -> bool {
         self == ModelKind::Gpt
     }
+}
+
+/// How a worker group's ranks share a model's layers (see [`ModelSpec::parallelism`]).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Parallelism {
+    /// Every rank runs every layer on its own samples.
+    #[default]
+    Data,
+    /// Dense layers split over the ranks by output features; the other layers data-parallel.
+    Hybrid,
+    /// Every layer split over the ranks (a model whose layers are all dense).
+    Model,
+}
+
+impl Parallelism {
+    /// Whether every layer is data-parallel.
+    pub fn is_data(&self) -> bool {
+        *self == Parallelism::Data
+    }
+
+    /// Whether a dense layer named `name` is split over the group under `spec`'s parallelism
+    /// and per-layer overrides.
+    pub fn splits(spec: &ModelSpec, name: &str) -> bool {
+        match spec.layer_parallelism.get(name) {
+            Some(layer) => *layer == LayerParallelism::Model,
+            None => !spec.parallelism.is_data(),
+        }
+    }
+}
+
+/// One dense layer's parallelism (see [`ModelSpec::layer_parallelism`]).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerParallelism {
+    /// The layer runs whole on every rank, on the rank's own samples.
+    Data,
+    /// The layer's output features are split over the ranks.
+    Model,
 }
 
 /// VGG configuration (the paper's letters).

@@ -13,6 +13,8 @@
 //!   flat state vector owned by the caller, on float or token-id input, with weight tying.
 //! - [`models`]: the trainer's MLP and LeNet-style CNN, ResNet, VGG and a GPT on the engine.
 //! - [`peak`]: this machine's GEMM peak at the training step's shapes.
+//! - [`split`]: model parallelism (PCL-DNN): dense layers split over a group's ranks by output
+//!   features, the other layers data-parallel, over collectives the caller provides.
 //!
 //! The crate depends on no async runtime and no tensor library.
 
@@ -24,3 +26,4 @@ pub mod net;
 pub mod peak;
 pub mod pool;
 mod simd;
+pub mod split;

@@ -24,8 +24,8 @@
 use std::time::Instant;
 
 use crate::layers::{
-    Chain, ChainBuilder, Ctx, Entry, Init, Layer, LayerTime, Layout, LogitsOrder, SoftmaxCrossEntropy, State,
-    transpose,
+    Chain, ChainBuilder, Ctx, Entry, Init, Layer, LayerTime, Layout, LogitsOrder, NamedLayers,
+    SoftmaxCrossEntropy, State, transpose,
 };
 use crate::pool::Pool;
 
@@ -65,6 +65,9 @@ pub enum NetError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A collective of a model-parallel group failed ([`crate::split`]).
+    #[error("model-parallel group: {0}")]
+    Group(crate::split::GroupError),
     /// The input is of the wrong kind (floats for a token model, or the reverse).
     #[error("the network takes {expected} as input, got {got}")]
     InputKind {
@@ -219,6 +222,12 @@ impl std::fmt::Debug for Network {
 }
 
 impl Network {
+    /// The network's body as its input layout and named top-level layers, in order, without the
+    /// loss (see [`Chain::into_layers`]).
+    pub fn into_layers(self) -> Result<(Layout, NamedLayers), NetError> {
+        self.root.into_layers().map_err(NetError::Build)
+    }
+
     /// Parameter tensors in flat order.
     pub fn params(&self) -> &[Entry] {
         self.root.param_entries()
@@ -504,12 +513,12 @@ impl Network {
     }
 }
 
-fn check(what: &'static str, got: usize, expected: usize) -> Result<(), NetError> {
+pub(crate) fn check(what: &'static str, got: usize, expected: usize) -> Result<(), NetError> {
     if got == expected { Ok(()) } else { Err(NetError::Length { what, expected, got }) }
 }
 
 /// Whether float samples (NCHW, sample-major) must be re-laid for the first layer.
-fn needs_layout(input: Layout) -> bool {
+pub(crate) fn needs_layout(input: Layout) -> bool {
     match input {
         Layout::Features(_) => true,
         Layout::Image { c, .. } => c > 1,
@@ -518,7 +527,7 @@ fn needs_layout(input: Layout) -> bool {
 }
 
 /// Re-lays float samples into `x0` for the first layer when the layout needs it.
-fn lay_out(input: Layout, x: Batch<'_>, batch: usize, x0: &mut [f32]) {
+pub(crate) fn lay_out(input: Layout, x: Batch<'_>, batch: usize, x0: &mut [f32]) {
     let Batch::Values(v) = x else { return };
     if !needs_layout(input) {
         return;

@@ -40,6 +40,9 @@ impl Entry {
     }
 }
 
+/// Layers with their names, in order: a chain's body taken apart ([`Chain::into_layers`]).
+pub type NamedLayers = Vec<(String, Box<dyn Layer>)>;
+
 struct Node {
     name: String,
     layer: Box<dyn Layer>,
@@ -249,6 +252,16 @@ impl Chain {
     /// Length of the chain's state slice.
     pub fn num_state(&self) -> usize {
         self.state.last().map_or(0, |e| e.offset + e.len)
+    }
+
+    /// The chain's input layout and its layers with their names, in order, for a network that
+    /// runs them differently ([`crate::split`]). Errors for a chain with a tied layer, whose
+    /// parameters are another layer's.
+    pub fn into_layers(self) -> Result<(Layout, NamedLayers), String> {
+        if let Some(n) = self.nodes.iter().find(|n| n.tied.is_some()) {
+            return Err(format!("layer {} reads another layer's weights (weight tying)", n.name));
+        }
+        Ok((self.input, self.nodes.into_iter().map(|n| (n.name, n.layer)).collect()))
     }
 
     /// One line per layer: `name: description`.

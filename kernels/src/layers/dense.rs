@@ -23,6 +23,85 @@ impl Dense {
     pub fn new(inputs: usize, outputs: usize, relu: bool) -> Self {
         Self { inputs, outputs, relu, xs: Vec::new() }
     }
+
+    /// Inputs per sample.
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    /// Outputs per sample.
+    pub fn outputs(&self) -> usize {
+        self.outputs
+    }
+
+    /// Whether ReLU follows.
+    pub fn relu(&self) -> bool {
+        self.relu
+    }
+
+    /// [`Layer::forward`] with the weight `w` (`[out × in]`) and bias `b` as separate slices (a
+    /// model-parallel rank's rows of a larger layer, [`crate::split`]).
+    pub fn forward_with(&mut self, cx: &Ctx<'_>, w: &[f32], b: &[f32], x: &[f32], y: &mut [f32]) {
+        let (n, i, o) = (cx.batch, self.inputs, self.outputs);
+        let epi = Epilogue { accumulate: false, bias: Bias::PerRow(b), relu: self.relu };
+        let r = gemm_parallel(cx.pool, o, n, i, MatA::row_major(w, i), MatB::row_major(x, n), y, n, epi);
+        debug_assert!(r.is_ok(), "{r:?}");
+    }
+
+    /// [`Layer::backward`] with the weight `w` and the gradients `gw`, `gb` as separate slices.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_with(
+        &mut self,
+        cx: &Ctx<'_>,
+        w: &[f32],
+        x: &[f32],
+        y: &[f32],
+        dy: &mut [f32],
+        dx: Option<&mut [f32]>,
+        gw: &mut [f32],
+        gb: &mut [f32],
+    ) {
+        let (n, i, o) = (cx.batch, self.inputs, self.outputs);
+        let dy = &mut dy[..o * n];
+        if self.relu {
+            for (g, &v) in dy.iter_mut().zip(&y[..o * n]) {
+                if v <= 0.0 {
+                    *g = 0.0;
+                }
+            }
+        }
+        for (g, row) in gb.iter_mut().zip(dy.chunks_exact(n)) {
+            *g = row.iter().sum();
+        }
+        let xs = &mut self.xs[..n * i];
+        transpose(&x[..i * n], i, n, xs);
+        let r = gemm_parallel(
+            cx.pool,
+            o,
+            i,
+            n,
+            MatA::row_major(dy, n),
+            MatB::row_major(xs, i),
+            gw,
+            i,
+            Epilogue::default(),
+        );
+        debug_assert!(r.is_ok(), "{r:?}");
+        if let Some(dx) = dx {
+            let r = gemm_parallel(
+                cx.pool,
+                i,
+                n,
+                o,
+                MatA::transposed(w, i),
+                MatB::row_major(dy, n),
+                dx,
+                n,
+                Epilogue::default(),
+            );
+            debug_assert!(r.is_ok(), "{r:?}");
+        }
+    }
 }
 
 impl Layer for Dense {
@@ -49,6 +128,10 @@ impl Layer for Dense {
         self.inputs * self.outputs
     }
 
+    fn dense_shape(&self) -> Option<(usize, usize, bool)> {
+        Some((self.inputs, self.outputs, self.relu))
+    }
+
     fn backward_macs(&self, input_grad: bool) -> usize {
         self.inputs * self.outputs * if input_grad { 2 } else { 1 }
     }
@@ -58,11 +141,8 @@ impl Layer for Dense {
     }
 
     fn forward(&mut self, cx: &Ctx<'_>, params: &[f32], _state: State<'_>, x: &[f32], y: &mut [f32]) {
-        let (n, i, o) = (cx.batch, self.inputs, self.outputs);
-        let (w, b) = params.split_at(o * i);
-        let epi = Epilogue { accumulate: false, bias: Bias::PerRow(b), relu: self.relu };
-        let r = gemm_parallel(cx.pool, o, n, i, MatA::row_major(w, i), MatB::row_major(x, n), y, n, epi);
-        debug_assert!(r.is_ok(), "{r:?}");
+        let (w, b) = params.split_at(self.outputs * self.inputs);
+        self.forward_with(cx, w, b, x, y);
     }
 
     fn backward(
@@ -75,47 +155,7 @@ impl Layer for Dense {
         dx: Option<&mut [f32]>,
         grads: &mut [f32],
     ) {
-        let (n, i, o) = (cx.batch, self.inputs, self.outputs);
-        let dy = &mut dy[..o * n];
-        if self.relu {
-            for (g, &v) in dy.iter_mut().zip(&y[..o * n]) {
-                if v <= 0.0 {
-                    *g = 0.0;
-                }
-            }
-        }
-        let (gw, gb) = grads.split_at_mut(o * i);
-        for (g, row) in gb.iter_mut().zip(dy.chunks_exact(n)) {
-            *g = row.iter().sum();
-        }
-        let xs = &mut self.xs[..n * i];
-        transpose(&x[..i * n], i, n, xs);
-        let r = gemm_parallel(
-            cx.pool,
-            o,
-            i,
-            n,
-            MatA::row_major(dy, n),
-            MatB::row_major(xs, i),
-            gw,
-            i,
-            Epilogue::default(),
-        );
-        debug_assert!(r.is_ok(), "{r:?}");
-        if let Some(dx) = dx {
-            let w = &params[..o * i];
-            let r = gemm_parallel(
-                cx.pool,
-                i,
-                n,
-                o,
-                MatA::transposed(w, i),
-                MatB::row_major(dy, n),
-                dx,
-                n,
-                Epilogue::default(),
-            );
-            debug_assert!(r.is_ok(), "{r:?}");
-        }
+        let (gw, gb) = grads.split_at_mut(self.outputs * self.inputs);
+        self.backward_with(cx, &params[..self.outputs * self.inputs], x, y, dy, dx, gw, gb);
     }
 }

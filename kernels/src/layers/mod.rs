@@ -36,7 +36,7 @@ mod residual;
 mod simple;
 
 pub use attention::CausalSelfAttention;
-pub use chain::{Chain, ChainBuilder, Entry};
+pub use chain::{Chain, ChainBuilder, Entry, NamedLayers};
 pub use conv::{Conv2d, ConvSpec};
 pub use dense::Dense;
 pub use embed::{Embedding, PositionEmbedding};
@@ -206,6 +206,11 @@ pub trait Layer: Send {
     fn backward_macs(&self, input_grad: bool) -> usize {
         let _ = input_grad;
         0
+    }
+    /// A dense layer's `(inputs, outputs, relu)`, so that a model-parallel network
+    /// ([`crate::split`]) can split it by output rows; `None` for every other layer.
+    fn dense_shape(&self) -> Option<(usize, usize, bool)> {
+        None
     }
     /// Makes room for batches of up to `batch` samples (allocates; called before the first step
     /// and whenever a larger batch arrives, never in the steady state).

@@ -4,6 +4,7 @@
 //! - [`layers`]: every layer against its naive form;
 //! - [`models`]: whole networks by finite differences, parameter counts, state, bad input;
 //! - [`torch_reference`]: the models against PyTorch's fixtures (`fixtures/`).
+//! - [`split`]: model-parallel (split) networks against the unsplit one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -13,4 +14,5 @@ mod common;
 mod gemm;
 mod layers;
 mod models;
+mod split;
 mod torch_reference;

@@ -71,7 +71,14 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
             let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;
             let comm = worker::connect_tcp(&job, &place, &token, timeout)
                 .with_context(|| format!("worker {group}/{rank}"))?;
-            train(&job, &place, &token, &args, &device, comm)
+            if job.spec.model.parallelism.is_data() {
+                train(&job, &place, &token, &args, &device, comm, None)
+            } else {
+                // The model's split layers and the group's step share the communicator.
+                let comm = worker::Shared::new(comm);
+                let model_group = comm.model_group();
+                train(&job, &place, &token, &args, &device, comm, Some(model_group))
+            }
         }
         Backend::Mpi => {
             #[cfg(feature = "mpi")]
@@ -79,7 +86,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
                 let runtime = tandem::comm::mpi::MpiRuntime::init()?;
                 let comm = runtime.world();
                 place.rank = comm.rank() as u32;
-                train(&job, &place, &token, &args, &device, comm)
+                train(&job, &place, &token, &args, &device, comm, None)
             }
             #[cfg(not(feature = "mpi"))]
             {
@@ -99,9 +106,10 @@ fn train<C: Communicator>(
     args: &Args,
     device: &tandem::compute::device::Device,
     comm: C,
+    model_group: Option<Box<dyn tandem_kernels::split::Group>>,
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
-    let summary = worker::run(job, place, token, &args.data_dir, device, comm, |&progress| {
+    let summary = worker::run(job, place, token, &args.data_dir, device, comm, model_group, |&progress| {
         println!("{}", WorkerLine::Progress { group, progress }.to_line());
     })
     .with_context(|| format!("worker {group}/{rank}"))?;

@@ -26,7 +26,7 @@ use tandem_api::TrainingJobSpec;
 use tandem_api::contract::GroupReport;
 
 use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
-use crate::compute::data::{DataCursor, DataError, Dataset, JobData, Source};
+use crate::compute::data::{DataCursor, DataError, Dataset, InputShape, JobData, Source};
 use crate::compute::device::Device;
 use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
 use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
@@ -102,6 +102,13 @@ pub trait GradientStep {
     /// averages it over its ranks. Called after [`GradientStep::apply`], only for a model that
     /// has state; a single process keeps its own.
     fn sync_state(&mut self, _state: &mut [f32]) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// Makes `params` whole on this rank before an evaluation or a checkpoint: a model-parallel
+    /// group whose ranks update their split rows alone gathers them (a collective at every
+    /// evaluation and checkpoint step). Nothing to do for every other step.
+    fn whole_params(&mut self, _params: &mut [f32]) -> Result<(), TrainError> {
         Ok(())
     }
 
@@ -305,9 +312,23 @@ impl Trainer {
         rank: usize,
         world: usize,
     ) -> Result<Self, TrainError> {
+        Self::with_model(spec, data, rank, world, |input, classes| {
+            model::build(&spec.model, input, classes, spec.training.seed, device)
+        })
+    }
+
+    /// [`Trainer::new`] with the model that `build` makes for the data's input shape and classes
+    /// (a model-parallel worker's, which holds its group).
+    pub fn with_model(
+        spec: &TrainingJobSpec,
+        data: impl Into<JobData>,
+        rank: usize,
+        world: usize,
+        build: impl FnOnce(InputShape, usize) -> Result<Box<dyn Model>, ModelError>,
+    ) -> Result<Self, TrainError> {
         let JobData { train, test } = data.into();
         let classes = train.classes().max(test.classes);
-        let model = model::build(&spec.model, train.shape(), classes, spec.training.seed, device)?;
+        let model = build(train.shape(), classes)?;
         let loader = train.source(&spec.data, spec.training.seed, rank, world)?;
         Self::with_parts(spec, model, loader, test, world)
     }
@@ -599,13 +620,21 @@ impl Trainer {
             window[1] += r.batch.samples as f32;
             window[3] += took as f32;
             let k = r.step;
-            if let Some(dir) = cadence.checkpoints_at(k, total) {
+            let evaluate = cadence.evaluates_at(k, total);
+            let due = cadence.checkpoints_at(k, total);
+            if evaluate || due.is_some() {
+                update.whole_params(self.store.parts().params)?;
+            }
+            if let Some(dir) = due {
                 self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
             }
             if k < total && self.stop_agreed(update, cadence)? {
                 let checkpoint = match &cadence.checkpoint_dir {
                     Some(dir) => {
-                        if cadence.checkpoints_at(k, total).is_none() {
+                        if due.is_none() {
+                            if !evaluate {
+                                update.whole_params(self.store.parts().params)?;
+                            }
                             self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
                         }
                         update.leader().then(|| checkpoint::step_path(dir, k))
@@ -614,7 +643,6 @@ impl Trainer {
                 };
                 return Err(TrainError::Preempted { step: k, total, checkpoint });
             }
-            let evaluate = cadence.evaluates_at(k, total);
             if !evaluate && !k.is_multiple_of(report_every) {
                 continue;
             }

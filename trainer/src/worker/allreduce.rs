@@ -14,6 +14,15 @@
 //! the group. The optimizer is elementwise, so one step equals a single process's step on the
 //! averaged gradient: with the batch sharding of [`crate::compute::data`], the group trains like one
 //! process with the group-size× batch, up to the order of floating-point sums.
+//!
+//! Model parallelism (a model with a [`Partition`], `model.parallelism` hybrid or model): the
+//! split tensors leave the reduced vector. The group reduce-scatters and allgathers only the
+//! data-parallel ranges (packed), and each rank runs its own optimizer on its own rows of the
+//! split tensors, whose gradient only it computed (PCL-DNN: a model-parallel layer's weights
+//! never travel). Other ranks' rows are stale on a rank until [`GradientStep::whole_params`]
+//! gathers them (a sum in which every entry has one owner, so exact) before every evaluation and
+//! checkpoint; checkpoints therefore hold the whole model and the whole optimizer state, in the
+//! same layout as a data-parallel group's, and resume restores each rank's part of them.
 
 use std::ops::Range;
 use std::path::Path;
@@ -23,24 +32,137 @@ use tandem_api::OptimizerSpec;
 use crate::comm::{CommError, Communicator, ReduceOp, block_range};
 use crate::compute::checkpoint::Checkpoint;
 use crate::compute::data::DataCursor;
+use crate::compute::model::Partition;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError, Trainer};
 
 /// A group rank's sharded synchronous SGD step.
 pub struct AllreduceStep<C: Communicator> {
     comm: C,
+    /// This rank's block of the reduced vector: the whole flat vector, or the packed
+    /// data-parallel ranges of a model-parallel group.
     block: Range<usize>,
     optimizer: Optimizer,
     gathered: Option<OptimizerState>,
+    /// A model-parallel rank's own rows, which it updates alone.
+    owned: Option<Box<Owned>>,
+    /// The optimizer's state buffers (the spec's, equal on every rank whatever its block).
+    names: Vec<String>,
+}
+
+/// What a rank of a model-parallel group (a [`Partition`]) updates alone, and the packed
+/// buffers of its step.
+struct Owned {
+    /// The data-parallel ranges (everything but the split tensors), which the group reduces,
+    /// packed in order.
+    shared: Vec<Range<usize>>,
+    /// This rank's rows of the split tensors.
+    mine: Vec<Range<usize>>,
+    /// The split tensors.
+    split: Vec<Range<usize>>,
+    /// `mine` in the packed coordinates of `split`.
+    mine_in_split: Vec<Range<usize>>,
+    /// Ranks: an owned gradient entry is this many times the group's.
+    ranks: usize,
+    optimizer: Optimizer,
+    grads: Vec<f32>,
+    params: Vec<f32>,
+    mine_grads: Vec<f32>,
+    mine_params: Vec<f32>,
+    split_buf: Vec<f32>,
+}
+
+fn total(ranges: &[Range<usize>]) -> usize {
+    ranges.iter().map(|r| r.len()).sum()
+}
+
+/// Copies `ranges` of `src`, in order, into `dst`.
+fn pack(src: &[f32], ranges: &[Range<usize>], dst: &mut [f32]) {
+    let mut at = 0;
+    for r in ranges {
+        dst[at..at + r.len()].copy_from_slice(&src[r.clone()]);
+        at += r.len();
+    }
+}
+
+/// Copies the packed `src` back into `ranges` of `dst`.
+fn unpack(src: &[f32], ranges: &[Range<usize>], dst: &mut [f32]) {
+    let mut at = 0;
+    for r in ranges {
+        dst[r.clone()].copy_from_slice(&src[at..at + r.len()]);
+        at += r.len();
+    }
+}
+
+impl Owned {
+    /// The packed step buffers of `partition` over a vector of `len`, with `optimizer` for this
+    /// rank's rows.
+    fn new(partition: &Partition, len: usize, optimizer: &OptimizerSpec) -> Result<Self, TrainError> {
+        let split = partition.split.clone();
+        let owned = &partition.owned;
+        let fits = split.windows(2).all(|w| w[0].end <= w[1].start)
+            && split.last().is_none_or(|r| r.end <= len)
+            && owned.len() == split.len()
+            && split.iter().zip(owned).all(|(t, o)| o.is_empty() || (t.start <= o.start && o.end <= t.end));
+        if !fits {
+            return Err(TrainError::Config(format!(
+                "the model's split tensors {split:?} (this rank's parts {owned:?}) are not ordered parts of its \
+                 {len} parameters; this is a bug, please report it"
+            )));
+        }
+        let mut shared = Vec::new();
+        let mut at = 0;
+        for r in &split {
+            if r.start > at {
+                shared.push(at..r.start);
+            }
+            at = r.end;
+        }
+        if at < len {
+            shared.push(at..len);
+        }
+        let mut mine_in_split = Vec::new();
+        let mut base = 0;
+        for (tensor, own) in split.iter().zip(owned) {
+            let from = base + own.start.saturating_sub(tensor.start);
+            mine_in_split.push(from..from + own.len());
+            base += tensor.len();
+        }
+        let mine = owned.clone();
+        let offset = total(&mine);
+        Ok(Self {
+            grads: vec![0.0; total(&shared)],
+            params: vec![0.0; total(&shared)],
+            mine_grads: vec![0.0; offset],
+            mine_params: vec![0.0; offset],
+            split_buf: vec![0.0; total(&split)],
+            optimizer: Optimizer::new(optimizer, offset),
+            ranks: partition.ranks.max(1),
+            shared,
+            mine,
+            split,
+            mine_in_split,
+        })
+    }
 }
 
 impl<C: Communicator> AllreduceStep<C> {
     /// Replaces `params` with rank 0's (equal on every rank afterwards) and owns this rank's block.
-    pub fn start(mut comm: C, optimizer: &OptimizerSpec, params: &mut [f32]) -> Result<Self, TrainError> {
+    /// With a model `partition` (a model-parallel group), the block is of the data-parallel part
+    /// and the rank updates its own rows of the split tensors alone.
+    pub fn start(
+        mut comm: C,
+        optimizer: &OptimizerSpec,
+        params: &mut [f32],
+        partition: Option<&Partition>,
+    ) -> Result<Self, TrainError> {
         comm.broadcast(params, 0).map_err(super::collective)?;
-        let block = block_range(params.len(), comm.size(), comm.rank());
+        let owned = partition.map(|p| Owned::new(p, params.len(), optimizer).map(Box::new)).transpose()?;
+        let reduced = owned.as_ref().map_or(params.len(), |o| o.grads.len());
+        let block = block_range(reduced, comm.size(), comm.rank());
+        let names = Optimizer::new(optimizer, 1).state().buffers.into_iter().map(|(n, _)| n).collect();
         let optimizer = Optimizer::new(optimizer, block.len());
-        Ok(Self { comm, block, optimizer, gathered: None })
+        Ok(Self { comm, block, optimizer, gathered: None, owned, names })
     }
 
     /// Resumes the whole group from `from`, a worker checkpoint and the path it was read from
@@ -100,8 +222,8 @@ impl<C: Communicator> AllreduceStep<C> {
         if with_state == 1 {
             // Whole buffers, in the order this optimizer keeps them; each rank keeps its block.
             let fresh = self.optimizer.state();
-            let mut buffers = Vec::with_capacity(fresh.buffers.len());
-            for (name, _) in fresh.buffers {
+            let mut buffers = Vec::with_capacity(self.names.len());
+            for name in self.names.clone() {
                 let mut full = saved
                     .as_ref()
                     .and_then(|s| s.buffers.iter().find(|(n, _)| *n == name))
@@ -141,6 +263,31 @@ impl<C: Communicator> AllreduceStep<C> {
     /// [`GradientStep::optimizer_state`] returns the whole vector's state (collective: every rank
     /// calls it at the same step).
     pub fn gather_state(&mut self, total: usize) -> Result<(), TrainError> {
+        if let Some(o) = &self.owned {
+            // Every entry is kept by exactly one rank: its block of the data-parallel part, its
+            // own rows; the others add zeros.
+            let (shared, own) = (self.optimizer.state(), o.optimizer.state());
+            let get = |s: &OptimizerState, name: &str| {
+                s.buffers.iter().find(|(n, _)| n == name).map(|(_, b)| b.clone()).unwrap_or_default()
+            };
+            let mut buffers = Vec::with_capacity(self.names.len());
+            for name in &self.names {
+                let (block, rows) = (get(&shared, name), get(&own, name));
+                let mut packed = vec![0.0; o.grads.len()];
+                if block.len() == self.block.len() {
+                    packed[self.block.clone()].copy_from_slice(&block);
+                }
+                let mut full = vec![0.0; total];
+                unpack(&packed, &o.shared, &mut full);
+                if rows.len() == o.mine_grads.len() {
+                    unpack(&rows, &o.mine, &mut full);
+                }
+                self.comm.allreduce(&mut full, ReduceOp::Sum).map_err(super::collective)?;
+                buffers.push((name.clone(), full));
+            }
+            self.gathered = Some(OptimizerState { kind: shared.kind, updates: shared.updates, buffers });
+            return Ok(());
+        }
         let mine = self.optimizer.state();
         let mut buffers = Vec::with_capacity(mine.buffers.len());
         for (name, values) in mine.buffers {
@@ -196,6 +343,31 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
         grads: &mut [f32],
     ) -> Result<(), TrainError> {
         let b = self.block.clone();
+        if let Some(o) = self.owned.as_mut() {
+            // The data-parallel part as always, packed; then this rank's rows alone, with the
+            // group's gradient (the owner holds `ranks` times it, see `Partition`).
+            pack(grads, &o.shared, &mut o.grads);
+            pack(params, &o.shared, &mut o.params);
+            let got = self.comm.reduce_scatter(&mut o.grads, ReduceOp::Average).map_err(super::collective)?;
+            if got != b {
+                return Err(TrainError::Step(format!(
+                    "reduce-scatter returned block {got:?}, expected {b:?}"
+                )));
+            }
+            self.optimizer.step(&mut o.params[b.clone()], &o.grads[b], lr)?;
+            self.comm.allgather(&mut o.params).map_err(super::collective)?;
+            unpack(&o.params, &o.shared, params);
+            pack(grads, &o.mine, &mut o.mine_grads);
+            pack(params, &o.mine, &mut o.mine_params);
+            let scale = 1.0 / o.ranks as f32;
+            for g in &mut o.mine_grads {
+                *g *= scale;
+            }
+            o.optimizer.step(&mut o.mine_params, &o.mine_grads, lr)?;
+            unpack(&o.mine_params, &o.mine, params);
+            self.gathered = None;
+            return Ok(());
+        }
         let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
         if got != b {
             return Err(TrainError::Step(format!("reduce-scatter returned block {got:?}, expected {b:?}")));
@@ -230,8 +402,52 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
         AllreduceStep::gather_cursors(self, mine)
     }
 
+    fn whole_params(&mut self, params: &mut [f32]) -> Result<(), TrainError> {
+        let Some(o) = self.owned.as_mut() else { return Ok(()) };
+        // Each split entry is its owner's; the others add zeros, so the sum is exact.
+        o.split_buf.fill(0.0);
+        for (g, at) in o.mine.iter().zip(&o.mine_in_split) {
+            o.split_buf[at.clone()].copy_from_slice(&params[g.clone()]);
+        }
+        self.comm.allreduce(&mut o.split_buf, ReduceOp::Sum).map_err(super::collective)?;
+        unpack(&o.split_buf, &o.split, params);
+        Ok(())
+    }
+
     fn restore_optimizer(&mut self, state: &OptimizerState) -> Result<(), TrainError> {
         let b = self.block.clone();
+        if let Some(o) = self.owned.as_mut() {
+            let end = o.split.iter().chain(&o.shared).map(|r| r.end).max().unwrap_or(0);
+            let (mut shared, mut own) = (Vec::new(), Vec::new());
+            for (name, full) in &state.buffers {
+                if full.len() < end {
+                    return Err(TrainError::Config(format!(
+                        "checkpointed optimizer buffer {name} holds {} values, fewer than the model's {end}; \
+                         the checkpoint is of another model",
+                        full.len()
+                    )));
+                }
+                let mut packed = vec![0.0; o.grads.len()];
+                pack(full, &o.shared, &mut packed);
+                shared.push((name.clone(), packed[b.clone()].to_vec()));
+                let mut rows = vec![0.0; o.mine_grads.len()];
+                pack(full, &o.mine, &mut rows);
+                own.push((name.clone(), rows));
+            }
+            // An optimizer of no values (every tensor split, or a rank without rows) keeps nothing.
+            if !self.optimizer.is_empty() {
+                let shared = OptimizerState { kind: state.kind, updates: state.updates, buffers: shared };
+                self.optimizer.restore(&shared)?;
+            }
+            if !o.optimizer.is_empty() {
+                o.optimizer.restore(&OptimizerState {
+                    kind: state.kind,
+                    updates: state.updates,
+                    buffers: own,
+                })?;
+            }
+            return Ok(());
+        }
         let buffers = state
             .buffers
             .iter()

@@ -42,6 +42,7 @@
 
 pub mod allreduce;
 pub mod ps_step;
+pub mod shared;
 
 use std::path::{Path, PathBuf};
 
@@ -52,11 +53,15 @@ use crate::comm::tcp::{self, TcpComm, TcpConfig};
 use crate::comm::{CommError, Communicator};
 use crate::compute::checkpoint;
 use crate::compute::device::Device;
+use crate::compute::model::{self, ModelError};
 use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
 use allreduce::AllreduceStep;
 use ps_step::PsStep;
+pub use shared::Shared;
 use tandem_api::contract::GroupReport;
+use tandem_kernels::net::NetError;
+use tandem_kernels::split::Group;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
@@ -92,6 +97,7 @@ impl WorkerError {
             WorkerError::Comm { source, .. } => source.is_peer_lost(),
             WorkerError::Ps(e) => e.is_peer_lost(),
             WorkerError::Train(TrainError::PeerLost(_)) => true,
+            WorkerError::Train(TrainError::Model(ModelError::Engine(NetError::Group(e)))) => e.peer_lost,
             WorkerError::Train(TrainError::Preempted { .. }) => false,
             WorkerError::Train(_) | WorkerError::Config(_) => false,
         }
@@ -174,6 +180,9 @@ impl<C: Communicator> Update<C> {
 
 /// Trains this rank to the end of the job over the group communicator `comm` (whose rank and
 /// size must be `place.rank` and the group's size). `on_progress` sees every report of rank 0.
+/// A job whose model splits layers over the group (`model.parallelism` hybrid or model) needs
+/// `model_group`, a handle on the same communicator for the model ([`Shared::model_group`]).
+#[allow(clippy::too_many_arguments)]
 pub fn run<C: Communicator>(
     job: &JobConfig,
     place: &Place,
@@ -181,6 +190,7 @@ pub fn run<C: Communicator>(
     data_dir: &Path,
     device: &Device,
     comm: C,
+    model_group: Option<Box<dyn Group>>,
     mut on_progress: impl FnMut(&GroupReport),
 ) -> Result<Summary, WorkerError> {
     let spec = &job.spec;
@@ -194,7 +204,27 @@ pub fn run<C: Communicator>(
     // schedule spans the plan's step count, which the hello tells them.
     let plan =
         JobPlan::resolve(spec, data.train.samples()).map_err(|e| WorkerError::Config(e.to_string()))?;
-    let mut trainer = Trainer::new(spec, data, device, global, world)?;
+    let mut trainer = if spec.model.parallelism.is_data() {
+        Trainer::new(spec, data, device, global, world)?
+    } else {
+        let group = model_group.ok_or_else(|| {
+            WorkerError::Config(format!(
+                "model.parallelism hybrid and model split layers over the group's tcp collectives, and this \
+                 rank's group runs over {}; set workers.backend to tcp",
+                comm.backend()
+            ))
+        })?;
+        if !device.is_host() {
+            return Err(WorkerError::Config(
+                "model.parallelism hybrid and model run on the CPU engine; train with --device cpu".into(),
+            ));
+        }
+        let threads = model::engine::threads().map_err(TrainError::from)?;
+        Trainer::with_model(spec, data, global, world, |input, classes| {
+            let m = model::Split::new(&spec.model, input, classes, training.seed, threads, group)?;
+            Ok(Box::new(m) as Box<dyn model::Model>)
+        })?
+    };
     if trainer.total_steps() != plan.total_steps {
         return Err(WorkerError::Config(format!(
             "this rank's data loader gives a {}-step run but the job plan {}; this is a bug, please report it",
@@ -205,7 +235,15 @@ pub fn run<C: Communicator>(
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
     let mut update = match plan.ps_mode {
-        None => Update::Allreduce(AllreduceStep::start(comm, &training.optimizer, &mut params)?),
+        None => {
+            let partition = trainer.model().partition();
+            Update::Allreduce(AllreduceStep::start(
+                comm,
+                &training.optimizer,
+                &mut params,
+                partition.as_ref(),
+            )?)
+        }
         Some(mode) => {
             let servers: Vec<String> = job.parameter_servers.iter().map(|e| e.to_string()).collect();
             let config = ClientConfig::worker(

@@ -24,6 +24,7 @@ mod engine;
 mod flat;
 mod image_data;
 mod launcher;
+mod model_parallel;
 mod models;
 #[cfg(feature = "cluster-tests")]
 mod object_store;

@@ -169,7 +169,8 @@ fn allreduce_group(
                 let comm = Collectives::new(transport, AlgoConfig::default(), "local");
                 let mut t = trainer(&spec, true, rank, 2);
                 let mut params = t.params().to_vec();
-                let mut step = AllreduceStep::start(comm, &spec.training.optimizer, &mut params).unwrap();
+                let mut step =
+                    AllreduceStep::start(comm, &spec.training.optimizer, &mut params, None).unwrap();
                 t.set_params(&params).unwrap();
                 let from = from.filter(|_| rank == 0).map(|p| (Checkpoint::read(&p).unwrap(), p));
                 let start = step.resume(&mut t, from.as_ref().map(|(c, p)| (p.as_path(), c))).unwrap();

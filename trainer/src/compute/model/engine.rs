@@ -105,7 +105,7 @@ impl Engine {
 
 /// The engine network of `spec` for inputs of `input` and `classes` classes (the vocabulary of
 /// a language model, whose samples are `model.context` token ids).
-fn network(
+pub(super) fn network(
     spec: &ModelSpec,
     input: InputShape,
     classes: usize,

@@ -9,7 +9,8 @@
 //! the layers compute in place on the flat buffers); the MLP and the CNN also on candle ([`net`],
 //! built from [`mlp`], [`cnn`] and [`layers`]: the CUDA path, and a reference in tests), which
 //! refuses the others by name. [`build`] picks the family from `spec.model` and the backend from
-//! the device.
+//! the device. [`split::Split`] is the engine's model with dense layers split over a worker
+//! group's ranks (`model.parallelism`: hybrid, model), which a worker builds with its group.
 //!
 //! Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …); see
 //! [`crate::compute::params`] for the flat order.
@@ -19,6 +20,7 @@ pub mod engine;
 pub mod layers;
 pub mod mlp;
 pub mod net;
+pub mod split;
 
 use tandem_api::ModelSpec;
 
@@ -28,6 +30,7 @@ use crate::compute::params::{FlatError, FlatLayout};
 
 pub use engine::Engine;
 pub use net::Net;
+pub use split::Split;
 
 /// Errors while building or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +129,25 @@ pub trait Model: std::fmt::Debug + Send {
     /// Mean loss and accuracy of `batch` in evaluation mode; changes nothing.
     fn evaluate(&mut self, params: &[f32], state: &[f32], batch: Batch<'_>)
     -> Result<BatchStats, ModelError>;
+
+    /// For a model split over a group, which parts of the flat vector this rank computes alone;
+    /// `None` (the default) for a model every rank computes whole.
+    fn partition(&self) -> Option<Partition> {
+        None
+    }
+}
+
+/// The parts of the flat vector a model-parallel rank computes alone ([`split::Split`]): the
+/// group's step may update each rank's own rows locally instead of reducing them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// Every split tensor's range, in flat order.
+    pub split: Vec<std::ops::Range<usize>>,
+    /// This rank's part of each (one range per split tensor, possibly empty).
+    pub owned: Vec<std::ops::Range<usize>>,
+    /// Ranks in the group: the gradient of an owned entry is this many times the group's (the
+    /// convention of [`tandem_kernels::split`], under which averaging over the ranks is exact).
+    pub ranks: usize,
 }
 
 /// Environment variable that picks the CPU backend: `engine` (the default) or `candle` (the
