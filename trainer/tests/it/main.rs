@@ -24,6 +24,7 @@ mod flat;
 mod image_data;
 mod launcher;
 mod models;
+mod nodes;
 mod optim;
 mod peers;
 mod preemption;
