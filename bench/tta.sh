@@ -6,7 +6,8 @@
 # MXNET-MPI claim to compare with (MPI-ESGD converges more than 2x faster than the other methods).
 #
 # Usage: [ALGOS="ps-sync ps-async hybrid easgd allreduce"] [ROUNDS=1] [EVAL=20] [TARGET=0.90]
-#        [TANDEM=path/to/tandem] bench/tta.sh
+#        [TANDEM=path/to/tandem] [TRAIN_ARGS="--node n1=10.77.0.1 …"] [OUT=out/bench/tta] bench/tta.sh
+# TRAIN_ARGS go to every `tandem train` (bench/cluster.sh places the processes on nodes with them).
 # Writes out/bench/tta/{results.jsonl,table.md,tta.png,tta.svg,machine.txt} (git-ignored); with
 # ROUNDS > 1 the algorithms alternate round by round and the table takes the median.
 set -euo pipefail
@@ -43,7 +44,7 @@ for round in $(seq 1 "$ROUNDS"); do
     rm -rf "$OUT/runs/$algo-$round"
     t0=$EPOCHREALTIME
     "$TANDEM" train --output json -f "$manifest" --output-dir "$OUT/runs/$algo-$round" \
-      --data-dir data 2> "$OUT/runs/$algo-$round.log" |
+      --data-dir data ${TRAIN_ARGS:-} 2> "$OUT/runs/$algo-$round.log" |
       while IFS= read -r line; do
         [[ $line == \{* ]] || continue
         printf '{"algorithm":"%s","round":%s,"t0":%s,"t":%s,"line":%s}\n' \
@@ -55,13 +56,5 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
-PY=python3
-if ! $PY -c "import matplotlib" 2>/dev/null; then
-  PY=target/bench-venv/bin/python
-  if ! $PY -c "import matplotlib" 2>/dev/null; then
-    echo "installing matplotlib into target/bench-venv (once)" >&2
-    python3 -m venv target/bench-venv && target/bench-venv/bin/pip install -q matplotlib ||
-      { echo "matplotlib unavailable: table only" >&2; PY=python3; }
-  fi
-fi
+PY=$(bench/plot-python.sh)
 $PY bench/plot_tta.py "$RESULTS" "$OUT" "$TARGET"

@@ -10,6 +10,7 @@
 //! that cannot take a single step with an error that says what to change.
 
 pub mod memory;
+pub mod shape;
 
 use std::fmt;
 

@@ -22,6 +22,8 @@ enum Command {
     /// Prepare and check data sets: pack an image folder into tar shards, inspect a data set.
     #[command(subcommand)]
     Data(cli::data::Data),
+    /// Choose a job's shape by analysis: predicted step time of each shape on a cluster's links.
+    Plan(cli::plan::Args),
     /// Benchmarks of Tandem's building blocks.
     #[command(subcommand)]
     Bench(cli::bench::Bench),
@@ -41,6 +43,7 @@ fn main() -> anyhow::Result<()> {
     let result = match cli.command {
         Command::Train(args) => cli::train::run(args),
         Command::Data(cmd) => cli::data::run(cmd),
+        Command::Plan(args) => cli::plan::run(args),
         Command::Bench(bench) => cli::bench::run(bench),
         Command::Ps(args) => cli::ps::run(args),
         Command::Worker(args) => cli::worker::run(args),

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod data;
 pub mod launcher;
+pub mod plan;
 pub mod ps;
 pub mod report;
 pub mod train;

@@ -58,6 +58,11 @@ pub struct Args {
     /// `kill:ps:<i>@<step>` or `kill:worker:<group>:<rank>@<step>` (repeatable).
     #[arg(long, value_name = "SPEC")]
     pub chaos: Vec<tandem::runner::chaos::Chaos>,
+    /// Run each process of a multi-process job inside a network namespace of this machine, at its
+    /// address: `NAME=ADDR` (repeatable; processes go round-robin, PS replicas first, then each
+    /// group's ranks). `bench/cluster.sh` builds such nodes with rate-limited links.
+    #[arg(long = "node", value_name = "NAME=ADDR")]
+    pub nodes: Vec<tandem::runner::nodes::Node>,
 }
 
 /// Runs `tandem train`.
@@ -74,6 +79,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_memory(spec).with_context(|| format!("{} is too large for this machine", args.file.display()))?;
     if tandem::runner::needs_runner(spec) {
         return run_local(&args, &name, spec);
+    }
+    if !args.nodes.is_empty() {
+        bail!(
+            "--node places the processes of a multi-process job; {} trains in this one process",
+            args.file.display()
+        );
     }
     if !args.chaos.is_empty() {
         bail!(
@@ -169,6 +180,7 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         worker_args: vec!["--device".to_owned(), device],
         chaos: args.chaos.clone(),
         resume: args.resume,
+        placement: tandem::runner::nodes::Placement::new(args.nodes.clone()),
     };
     let title = format!(
         "{name}: {} on {:?}, {:?}, {} group(s) of {}, {} PS",

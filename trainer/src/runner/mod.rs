@@ -30,6 +30,7 @@
 //! take one in between.
 
 pub mod chaos;
+pub mod nodes;
 pub mod progress;
 pub mod state;
 
@@ -50,6 +51,7 @@ use crate::compute::train::Trainer;
 use crate::ps::client::{ClientConfig, PsClient};
 use crate::util::proc::{Exit, die_with_parent, free_ports};
 use chaos::Chaos;
+use nodes::Placement;
 use state::{Input, Outcome, ProcId, Supervisor};
 
 /// How long children get between SIGTERM and SIGKILL when the runner stops them.
@@ -77,6 +79,8 @@ pub struct Options {
     /// Resume from the checkpoints of an earlier run (PS shards, allreduce group); without it a
     /// folder holding them is refused ([`check_output`]).
     pub resume: bool,
+    /// The nodes (network namespaces) the processes run on; empty: all on loopback.
+    pub placement: Placement,
 }
 
 /// What the runner reports while it runs; `--output json` prints each as one line.
@@ -401,17 +405,23 @@ pub fn check_output(output: &Path, resume: bool) -> Result<(), RunnerError> {
 
 /// The job's config with free loopback ports for every PS and rank.
 pub fn local_config(job_name: &str, spec: &TrainingJobSpec) -> Result<JobConfig, RunnerError> {
-    let ps = spec.parameter_servers.replicas;
-    let size = spec.workers.group_size;
-    let ports = free_ports((ps + spec.workers.groups * size) as usize)
-        .map_err(io("finding free ports on 127.0.0.1"))?;
+    placed_config(job_name, spec, &Placement::default())
+}
+
+/// The job's config with every PS and rank at its place: on a node's address, or on a free
+/// loopback port.
+pub fn placed_config(
+    job_name: &str,
+    spec: &TrainingJobSpec,
+    placement: &Placement,
+) -> Result<JobConfig, RunnerError> {
+    let ports = match placement.is_local() {
+        true => free_ports(nodes::slots(spec) as usize).map_err(io("finding free ports on 127.0.0.1"))?,
+        false => Vec::new(),
+    };
     Ok(JobConfig::of_spec(job_name, "local", spec, |role| {
-        let slot = match role {
-            Role::Ps { index } => index,
-            Role::Worker { group, rank } => ps + group * size + rank,
-            Role::Launcher { group } => ps + group * size,
-        };
-        Endpoint::new("127.0.0.1", ports[slot as usize])
+        let local = ports.get(nodes::slot(spec, role) as usize).copied().unwrap_or_default();
+        placement.endpoint(spec, role, local)
     }))
 }
 
@@ -442,7 +452,7 @@ impl Spawner<'_> {
             role,
             config: self.config_path.clone(),
             token_file: self.token_path.clone(),
-            bind: "127.0.0.1".to_owned(),
+            bind: self.opts.placement.bind(&self.opts.spec, role),
             output: self.opts.output.clone(),
             attempt,
         }
@@ -459,28 +469,32 @@ impl Spawner<'_> {
     /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`.
     fn spawn(&self, id: ProcId, role: Role, attempt: u32) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
-        let mut cmd = match role {
-            Role::Ps { .. } => {
-                let mut cmd = Command::new(&opts.exe);
-                // Every PS binds 127.0.0.1: each takes a free port for its status endpoint.
-                cmd.arg("ps").env(contract::env::STATUS_PORT, "0");
+        // On a node, the process runs inside its network namespace.
+        let node = opts.placement.node(&opts.spec, role);
+        let mut cmd = match node {
+            Some(node) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", &node.netns]).arg(&opts.exe);
                 cmd
             }
+            None => Command::new(&opts.exe),
+        };
+        match role {
+            Role::Ps { .. } => {
+                // Every PS takes a free port for its status endpoint.
+                cmd.arg("ps").env(contract::env::STATUS_PORT, "0");
+            }
             Role::Worker { .. } => {
-                let mut cmd = Command::new(&opts.exe);
                 cmd.arg("worker").arg("--data-dir").arg(&opts.data_dir).args(&opts.worker_args);
-                cmd
             }
             Role::Launcher { .. } => {
                 // The same launch path as on Kubernetes; without a hostfile mpirun starts the
                 // ranks here, more of them than this machine may have cores.
-                let mut cmd = Command::new(&opts.exe);
                 cmd.args(["launcher", "--oversubscribe", "--", "--data-dir"])
                     .arg(&opts.data_dir)
                     .args(&opts.worker_args);
-                cmd
             }
-        };
+        }
         let name = match role {
             Role::Ps { index } => format!("ps-{index}"),
             Role::Worker { group, rank } => format!("worker-{group}-{rank}"),
@@ -502,8 +516,9 @@ impl Spawner<'_> {
         // The kernel kills the child if the runner dies without cleaning up (e.g. SIGKILL).
         die_with_parent(&mut cmd, libc::SIGKILL);
         let mut child = cmd.spawn().map_err(io(format!(
-            "starting {role} ({}); is it installed and executable?",
-            cmd.get_program().to_string_lossy()
+            "starting {role} ({}{}); is it installed and executable?",
+            node.map_or_else(String::new, |n| format!("ip netns exec {} ", n.netns)),
+            opts.exe.display()
         )))?;
         if let Some(stdout) = child.stdout.take() {
             let tx = self.lines.clone();
@@ -534,6 +549,7 @@ pub fn check_chaos(spec: &TrainingJobSpec, chaos: &[Chaos]) -> Result<(), Runner
 /// Runs the job to the end; `on_event` sees every [`Event`], the last one `Finished`.
 pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), RunnerError> {
     check_chaos(&opts.spec, &opts.chaos)?;
+    opts.placement.check(&opts.spec)?;
     check_output(&opts.output, opts.resume)?;
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
@@ -643,7 +659,7 @@ impl JobFiles {
         let spec = &opts.spec;
         let logs = opts.output.join("logs");
         std::fs::create_dir_all(&logs).map_err(io(format!("creating {}", logs.display())))?;
-        let config = local_config(&opts.job_name, spec)?;
+        let config = placed_config(&opts.job_name, spec, &opts.placement)?;
         let config_path = opts.output.join(contract::CONFIG_FILE);
         write_private(&config_path, &config.to_json())?;
         let token = random_token()?;

@@ -26,6 +26,7 @@ mod image_data;
 mod launcher;
 mod model_parallel;
 mod models;
+mod nodes;
 #[cfg(feature = "cluster-tests")]
 mod object_store;
 mod optim;

@@ -97,6 +97,11 @@ impl Engine {
         &self.net
     }
 
+    /// The engine network, to profile its layers (`tandem plan`).
+    pub fn network_mut(&mut self) -> &mut Network {
+        &mut self.net
+    }
+
     /// Threads of the model's pool.
     pub fn threads(&self) -> usize {
         self.net.threads()
