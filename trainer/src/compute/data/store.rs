@@ -600,11 +600,14 @@ fn block<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Re
     wait(spawn(fut)?)
 }
 
+/// A fetch under way: its bytes, or why it failed, arrive here.
+type Fetch = Receiver<Result<Bytes, DataError>>;
+
 /// [`readers`]: objects fetched ahead.
 struct Readers {
     paths: VecDeque<PathBuf>,
     /// Fetches under way, in order; `None` for a local file (opened when reached).
-    ahead: VecDeque<(PathBuf, Option<Receiver<Result<Bytes, DataError>>>)>,
+    ahead: VecDeque<(PathBuf, Option<Fetch>)>,
 }
 
 impl Iterator for Readers {
@@ -652,7 +655,7 @@ struct ObjectReader {
     pos: u64,
     chunk: Bytes,
     chunk_at: u64,
-    ahead: Option<(u64, Receiver<Result<Bytes, DataError>>)>,
+    ahead: Option<(u64, Fetch)>,
 }
 
 impl ObjectReader {
@@ -660,7 +663,7 @@ impl ObjectReader {
         Self { bucket, key, len, pos: 0, chunk: Bytes::new(), chunk_at: 0, ahead: None }
     }
 
-    fn request(&self, at: u64) -> Result<Receiver<Result<Bytes, DataError>>, DataError> {
+    fn request(&self, at: u64) -> Result<Fetch, DataError> {
         let range = at..(at + CHUNK).min(self.len);
         spawn(Arc::clone(&self.bucket).fetch_range(self.key.clone(), range))
     }
