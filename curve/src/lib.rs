@@ -163,9 +163,12 @@ impl Curve {
                 }
                 for pair in pts.windows(2) {
                     let ((c0, v0), (c1, v1)) = (pair[0], pair[1]);
-                    for c in c0..=c1.max(c0) {
+                    let cells = (c0..=c1.max(c0)).map(|c| {
                         let t = if c1 > c0 { (c - c0) as f64 / (c1 - c0) as f64 } else { 1.0 };
-                        grid[row(v0 + t * (v1 - v0), ymax)][c] = mark;
+                        (row(v0 + t * (v1 - v0), ymax), c)
+                    });
+                    for (r, c) in cells {
+                        grid[r][c] = mark;
                     }
                 }
             }
