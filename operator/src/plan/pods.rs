@@ -278,9 +278,11 @@ pub fn keep_what_is_read(pod: &mut Pod) {
 fn keep_containers(statuses: Vec<ContainerStatus>) -> Vec<ContainerStatus> {
     let state = |s: ContainerState| ContainerState {
         running: s.running.map(|_| ContainerStateRunning::default()),
+        // The message is what the process wrote to its termination log: the plan quotes it.
         terminated: s.terminated.map(|t| ContainerStateTerminated {
             exit_code: t.exit_code,
             reason: t.reason,
+            message: t.message,
             ..ContainerStateTerminated::default()
         }),
         waiting: s.waiting.map(|w| ContainerStateWaiting { reason: w.reason, message: w.message }),
