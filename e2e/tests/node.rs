@@ -446,9 +446,8 @@ async fn deleted_worker_and_ps_pods_checkpoint_on_sigterm_and_their_restarts_los
     assert!(log.contains("stopped on SIGTERM after writing its last checkpoint"), "{log}");
     let written = log
         .lines()
-        .filter(|l| l.contains("checkpoint written"))
-        .filter_map(|l| logged_number(l, "checkpoint written", "version"))
-        .next_back()
+        .rev()
+        .find_map(|l| logged_number(l, "checkpoint written", "version"))
         .unwrap_or_else(|| panic!("the deleted PS wrote no checkpoint:\n{log}"));
     assert!(written >= reported, "the last checkpoint (version {written}) lacks reported step {reported}");
     assert!(written < STEPS, "the job ended before the deletion: {log}");
