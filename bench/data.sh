@@ -13,7 +13,7 @@
 # BENCH_IMAGES (training images written, default 2000), BENCH_SIZE (their side, default 160),
 # BENCH_PROFILE (release; dev skips the release build, see below).
 # Figures only count on a quiet machine: /work/shared/tools/quiet-run -- bench/data.sh
-# PyTorch and torchvision are pip-installed into target/torch-venv on first use (as bench/train.sh).
+# PyTorch and torchvision are pip-installed into target/torch-venv on first use (bench/torch-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-1,2}
@@ -27,12 +27,7 @@ for t in ${THREADS//,/ }; do
     exit 2
   fi
 done
-VENV=target/torch-venv
-if ! "$VENV/bin/python" -c "import torch, torchvision" 2>/dev/null; then
-  echo "installing PyTorch and torchvision into $VENV (once)" >&2
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q torch torchvision
-fi
+PYTHON=$(bench/torch-python.sh torch torchvision)
 # BENCH_PROFILE=dev skips the (slow) release build, but its image decoders are built at opt-level 1:
 # its figures understate Tandem and only check the script.
 if [ "${BENCH_PROFILE:-release}" = dev ]; then PROFILE_FLAG=(); DIR=target/debug; else PROFILE_FLAG=(--release); DIR=target/release; fi
@@ -41,7 +36,7 @@ FOLDER=target/bench-data/images-$IMAGES-$SIZE
 if [ ! -f "$FOLDER/.done" ]; then
   echo "writing $IMAGES JPEG images of ${SIZE}×$SIZE into $FOLDER (once)" >&2
   rm -rf "$FOLDER"
-  "$VENV/bin/python" bench/data_images.py "$FOLDER" --train "$IMAGES" --size "$SIZE"
+  "$PYTHON" bench/data_images.py "$FOLDER" --train "$IMAGES" --size "$SIZE"
   touch "$FOLDER/.done"
 fi
 AUGMENT='{"randomResizedCrop": {"scale": [0.08, 1.0], "ratio": [0.75, 1.3333333333333333]}, "horizontalFlip": true}'
@@ -53,7 +48,7 @@ for round in $(seq "$ROUNDS"); do
     echo "round $round/$ROUNDS, $t thread(s)" >&2
     "$DIR/tandem" data bench "$FOLDER" --threads "$t" --batch 64 --seconds "$SECONDS_PER" \
       --image-size 96,96 --augment "$AUGMENT" --normalize "$NORMALIZE" | tee -a out/bench/data.json
-    "$VENV/bin/python" bench/data_torch.py "$FOLDER/train" --workers "$t" --batch 64 \
+    "$PYTHON" bench/data_torch.py "$FOLDER/train" --workers "$t" --batch 64 \
       --seconds "$SECONDS_PER" --size 96 | tee -a out/bench/data.json
   done
 done

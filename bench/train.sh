@@ -20,7 +20,7 @@
 # Environment: BENCH_SECONDS (timed seconds per model and run, default 5), BENCH_ROUNDS (default
 # 2), BENCH_TRAINER (1), BENCH_PROFILE (release; dev skips the slow release build).
 # Figures only count on a quiet machine: /work/shared/tools/quiet-run -- bench/train.sh
-# PyTorch is pip-installed into target/torch-venv on first use.
+# PyTorch is pip-installed into target/torch-venv on first use (bench/torch-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL=mlp,cnn,resnet20,resnet18,vgga,gpt
@@ -41,12 +41,7 @@ for t in ${THREADS//,/ }; do
     exit 2
   fi
 done
-VENV=target/torch-venv
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  echo "installing PyTorch into $VENV (once)" >&2
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q torch
-fi
+PYTHON=$(bench/torch-python.sh torch)
 # BENCH_PROFILE=dev skips the (slow) release build; candle, its GEMM and the engine's kernels are
 # optimised in both.
 if [ "${BENCH_PROFILE:-release}" = dev ]; then PROFILE_FLAG=(); DIR=target/debug; else PROFILE_FLAG=(--release); DIR=target/release; fi
@@ -66,7 +61,7 @@ for round in $(seq "$ROUNDS"); do
     for m in ${MODELS//,/ }; do
       echo "round $round/$ROUNDS, $t thread(s), $m" >&2
       "$ENGINE" --models "$m" --threads "$t" --seconds "$SECONDS_PER" | tee -a out/bench/train.json
-      OMP_NUM_THREADS=$t "$VENV/bin/python" bench/train_torch.py --models "$m" --threads "$t" \
+      OMP_NUM_THREADS=$t "$PYTHON" bench/train_torch.py --models "$m" --threads "$t" \
         --seconds "$SECONDS_PER" | tee -a out/bench/train.json
     done
     if [ -n "$TRAINER" ]; then
