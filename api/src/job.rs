@@ -336,7 +336,7 @@ pub enum VggVariant {
 #[x_kube(validation = Rule::new("!has(self.loader) || self.source in ['images', 'shards']").message("data.loader sets the threads and queue that decode images: remove it, or set data.source to images or shards"))]
 #[x_kube(validation = Rule::new("!has(self.evalResize) || (has(self.imageSize) && self.evalResize >= self.imageSize[0] && self.evalResize >= self.imageSize[1])").message("data.evalResize resizes a test image's shorter side before the centre crop of data.imageSize: set data.imageSize, and make evalResize at least its height and width"))]
 #[x_kube(validation = Rule::new("!(has(self.testPath) || has(self.imageSize)) || self.source in ['images', 'shards']").message("data.testPath and data.imageSize apply to data.source images and shards: remove them, or change data.source"))]
-#[x_kube(validation = Rule::new(S3_SOURCE_RULE).message("an s3:// data.path or data.testPath is read by data.source images and shards; the other sources read local files: copy the data to a volume, or change data.source"))]
+#[x_kube(validation = Rule::new(PATH_SOURCE_RULE).message("data.path is read by data.source path, images, shards and text; the built-in and synthetic sources read no path: remove data.path, or change data.source"))]
 #[x_kube(validation = Rule::new(S3_URL_RULE).message("an s3:// data.path or data.testPath is s3://<bucket>/<prefix>: a bucket name of 3 to 63 lower-case letters, digits, dots and hyphens (starting and ending with a letter or digit), then an optional key prefix, e.g. s3://training-data/fashion/train-{000..009}.tar"))]
 #[x_kube(validation = Rule::new(S3_SETTINGS_RULE).message("data.s3 (endpoint, region, addressing) applies to an s3:// data.path or data.testPath: remove data.s3, or give data.path as s3://<bucket>/<prefix>"))]
 pub struct DataSpec {
@@ -351,8 +351,8 @@ pub struct DataSpec {
     /// File or folder read when `source` is `path` (IDX pairs or a CSV with a label column),
     /// `images` (the image folder), `shards` (a folder of `.tar` files or a brace pattern such
     /// as `/data/train-{000..099}.tar`) or `text` (a UTF-8 file, or a folder whose `.txt` files
-    /// are read in name order). Images and shards may be in object storage:
-    /// `s3://<bucket>/<prefix>` (see `s3`).
+    /// are read in name order). Each may be in object storage: `s3://<bucket>/<key or prefix>`
+    /// (see `s3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub path: Option<String>,
@@ -420,9 +420,8 @@ pub struct DataSpec {
     pub s3: Option<S3Spec>,
 }
 
-/// An `s3://` path is read by the file-based sources only.
-const S3_SOURCE_RULE: &str = "!((has(self.path) && self.path.startsWith('s3://')) || (has(self.testPath) && \
-     self.testPath.startsWith('s3://'))) || self.source == 'images' || self.source == 'shards'";
+/// A path (local or `s3://`) is read by the file-based sources only (`testPath` has its own rule).
+const PATH_SOURCE_RULE: &str = "!has(self.path) || self.source in ['path', 'images', 'shards', 'text']";
 /// The bucket of an `s3://` URL is a valid S3 bucket name.
 const S3_URL_RULE: &str = "[has(self.path) ? self.path : '', has(self.testPath) ? self.testPath : ''].all(p, \
      !p.startsWith('s3://') || p.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$'))";

@@ -295,3 +295,91 @@ fn object_storage_errors_name_the_url_and_what_to_do() {
     );
     assert!(err.contains("bucket no-such-bucket does not exist"), "{err}");
 }
+
+/// A GPT on `path` (`source: text`, a file or a folder of `.txt` files) for `steps` steps.
+fn text_job(name: &str, data: &str) -> String {
+    format!(
+        "apiVersion: tandem.dev/v1alpha1
+kind: TrainingJob
+metadata: {{name: {name}}}
+spec:
+  model: {{kind: gpt, layers: 1, heads: 2, dim: 32, context: 16}}
+  data: {data}
+  training:
+    algorithm: allreduce
+    optimizer: {{kind: adamw, learningRate: 0.01}}
+    steps: 150
+    evalEverySteps: 0
+  workers: {{groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}}
+"
+    )
+}
+
+#[test]
+fn a_text_and_a_table_in_a_bucket_train_like_the_same_files_on_a_local_path() {
+    let minio = Minio::start(&[BUCKET]);
+    let dir = tempfile::tempdir().unwrap();
+    // A text in two files (read in name order), regular enough that a small GPT learns it.
+    let books = dir.path().join("books");
+    std::fs::create_dir_all(&books).unwrap();
+    for (file, animals) in [("a.txt", ["cat", "dog"]), ("b.txt", ["owl", "fox"])] {
+        let text: String = (0..300).map(|i| format!("the {} sat on the mat.\n", animals[i % 2])).collect();
+        std::fs::write(books.join(file), text).unwrap();
+    }
+    let text_url = format!("s3://{BUCKET}/books");
+    run_ok(minio.tandem_data().arg("upload").arg(&books).arg(&text_url));
+    // A table: the digits' CSV, gzip-compressed as the data folder holds it.
+    let csv = trainer_support::data_dir().join("digits.csv.gz");
+    let csv_url = format!("s3://{BUCKET}/tables");
+    run_ok(minio.tandem_data().arg("upload").arg(&csv).arg(&csv_url));
+
+    let s3 = format!("s3: {{endpoint: '{}'}}", minio.endpoint);
+    let run = |name: &str, manifest: String| {
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, manifest).unwrap();
+        let stdout = run_ok(
+            minio
+                .tandem()
+                .args(["train", "-f"])
+                .arg(&file)
+                .args(["--output", "json", "--output-dir"])
+                .arg(dir.path().join(name)),
+        );
+        let finished: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(finished["event"], "finished", "{finished}");
+        finished
+    };
+    let text = |path: &str, extra: &str| {
+        format!("{{source: text, path: '{path}', tokens: characters, batchSize: 16{extra}}}")
+    };
+    let table = |path: &str, extra: &str| format!("{{source: path, path: '{path}', batchSize: 32{extra}}}");
+    let local_text = run("local-text", text_job("local-text", &text(&books.display().to_string(), "")));
+    let s3_text = run("s3-text", text_job("s3-text", &text(&text_url, &format!(", {s3}"))));
+    // The CSV's pixels are 0..16 as they are (no scaling): a smaller step than the images' jobs.
+    let table_job = |name: &str, data: String| {
+        image_data::job(name, &data).replace("learningRate: 0.1", "learningRate: 0.01")
+    };
+    let local_table = run("local-table", table_job("local-table", table(&csv.display().to_string(), "")));
+    let s3_table = run(
+        "s3-table",
+        table_job("s3-table", table(&format!("{csv_url}/digits.csv.gz"), &format!(", {s3}"))),
+    );
+
+    let acc = |v: &serde_json::Value| v["test_accuracy"].as_f64().unwrap();
+    // Next-character accuracy of the regular text: guessing over its ~20 characters gets ~0.05.
+    assert!(acc(&local_text) > 0.6, "{local_text}");
+    assert!(acc(&local_table) > 0.5, "{local_table}");
+    for (local, remote) in [(&local_text, &s3_text), (&local_table, &s3_table)] {
+        assert_eq!(remote["steps"], local["steps"], "{remote} vs {local}");
+        assert!((acc(remote) - acc(local)).abs() < 0.02, "{remote} vs the local files' {local}");
+    }
+
+    // A text or table that is not in the bucket is named, with what to do.
+    let missing = format!("s3://{BUCKET}/books/c.txt");
+    let file = dir.path().join("missing.yaml");
+    std::fs::write(&file, text_job("missing", &text(&missing, &format!(", {s3}")))).unwrap();
+    let err = run_err(
+        minio.tandem().args(["train", "-f"]).arg(&file).arg("--output-dir").arg(dir.path().join("m")),
+    );
+    assert!(err.contains(&missing) && err.contains("no such file or folder"), "{err}");
+}

@@ -141,14 +141,15 @@ pub fn load(spec: &DataSpec, data_dir: &Path, seed: u64) -> Result<Splits, DataE
 
 /// Loads a user-supplied data set: a CSV file (20% held out for testing), an IDX images file whose
 /// labels file has the same name with `labels-idx1` for `images-idx3`, or a folder with MNIST's four
-/// standard files (`train-…` for training, `t10k-…` for testing).
+/// standard files (`train-…` for training, `t10k-…` for testing); on a local path or in object
+/// storage (`s3://<bucket>/<key or prefix>`).
 pub fn load_path(path: &Path, label_column: Option<usize>) -> Result<Splits, DataError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if path.is_dir() {
+    if super::store::is_dir(path)? {
         let find = |prefix: &str, kind: &str| -> Result<PathBuf, DataError> {
             for ext in ["", ".gz"] {
                 let p = path.join(format!("{prefix}-{kind}-ubyte{ext}"));
-                if p.exists() {
+                if super::store::exists(&p)? {
                     return Ok(p);
                 }
             }

@@ -141,6 +141,16 @@ pub fn is_dir(path: &Path) -> Result<bool, DataError> {
     Ok(any)
 }
 
+/// Whether the file or object `path` exists. A missing bucket, denied access or a store that does
+/// not answer is an error naming the URL, not `false`.
+pub fn exists(path: &Path) -> Result<bool, DataError> {
+    if !is_remote(path) {
+        return Ok(path.exists());
+    }
+    let (bucket, key) = locate(path)?;
+    bucket.exists(&key)
+}
+
 /// Opens the file or object `path` for streaming; returns it with its length in bytes.
 pub fn open(path: &Path) -> Result<(Box<dyn Input>, u64), DataError> {
     if !is_remote(path) {
@@ -467,6 +477,21 @@ impl Bucket {
             None => Ok(key.as_ref().is_empty()),
             Some(Ok(_)) => Ok(true),
             Some(Err(e)) => Err(self.failure(key, &e)),
+        }
+    }
+
+    /// Whether the object `key` exists; a missing bucket is an error.
+    fn exists(self: &Arc<Self>, key: &Key) -> Result<bool, DataError> {
+        let this = Arc::clone(self);
+        let k = key.clone();
+        match block(async move { this.store.head(&k).await })? {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => {
+                // A HEAD's 404 does not tell a missing bucket from a missing key; a listing does.
+                let parent = Key::from(key.as_ref().rsplit_once('/').map_or("", |(dir, _)| dir));
+                self.any_under(&parent).map(|_| false)
+            }
+            Err(e) => Err(self.failure(key, &e)),
         }
     }
 

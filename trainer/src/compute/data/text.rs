@@ -4,7 +4,7 @@
 //! targets are the next token at every position.
 //!
 //! A user's text (`source: text`, [`read_text`]) is a UTF-8 file or a folder of `.txt` files read
-//! in name order, cut into bytes (as above) or into Unicode characters ([`TextTokens::Characters`]:
+//! in name order, on a local path or in object storage (`s3://<bucket>/<key or prefix>`), cut into bytes (as above) or into Unicode characters ([`TextTokens::Characters`]:
 //! the vocabulary is the text's distinct characters, in code-point order).
 //!
 //! Guarantees: the split is contiguous and depends only on the text: the first 90 % of the text
@@ -41,7 +41,7 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u32>, DataError> {
 /// A user's text at `path` (a file, or a folder whose `.txt` files are read in name order) as
 /// tokens, with the vocabulary size.
 pub fn read_text(path: &Path, tokens: TextTokens) -> Result<(Vec<u32>, usize), DataError> {
-    let files: Vec<PathBuf> = if path.is_dir() {
+    let files: Vec<PathBuf> = if super::store::is_dir(path)? {
         let found = super::stream::shard_files(path, ".txt")?;
         if found.is_empty() {
             return Err(DataError::Config(format!(
@@ -50,7 +50,7 @@ pub fn read_text(path: &Path, tokens: TextTokens) -> Result<(Vec<u32>, usize), D
             )));
         }
         found
-    } else if path.exists() {
+    } else if super::store::exists(path)? {
         vec![path.to_owned()]
     } else {
         return Err(DataError::Config(format!(
