@@ -41,8 +41,9 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// τ. Version 3: the server opens with a challenge and the hello proves the job token with an
 /// HMAC of it instead of carrying the token. Version 4: mutual proof (the hello carries the
 /// client's nonce, the welcome the server's proof), one frame of at most [`MAX_HELLO_FRAME`]
-/// bytes before the hello, and the [`ErrorCode::Busy`] refusal.
-pub const PROTOCOL_VERSION: u8 = 4;
+/// bytes before the hello, and the [`ErrorCode::Busy`] refusal. Version 5: a report carries the
+/// group's share of time waiting on data and its skipped samples.
+pub const PROTOCOL_VERSION: u8 = 5;
 
 /// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
 pub const MAX_HELLO_FRAME: usize = 128;
@@ -142,6 +143,12 @@ pub struct Progress {
     pub samples: u64,
     /// Passes over the training set the group has completed.
     pub epoch: u32,
+    /// Share of the time since the group's previous report that its steps waited on data (0–1):
+    /// near 1 the job is input-bound.
+    pub data_wait: f32,
+    /// Samples the group's ranks skipped since they started (unreadable images, damaged shard
+    /// members).
+    pub skipped: u64,
 }
 
 /// Why the server refused a frame.
@@ -468,6 +475,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.f32(p.accuracy.unwrap_or(f32::NAN));
             w.u64(p.samples);
             w.u32(p.epoch);
+            w.f32(p.data_wait);
+            w.u64(p.skipped);
         }
         Frame::Challenge { nonce } => w.bytes(nonce),
         Frame::Welcome { shard, replicas, start, end, total_len, mode, version, proof } => {
@@ -556,8 +565,17 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let accuracy = r.f32()?;
             let samples = r.u64()?;
             let epoch = r.u32()?;
+            let (data_wait, skipped) = (r.f32()?, r.u64()?);
             let some = |v: f32| if v.is_nan() { None } else { Some(v) };
-            Frame::Report(Progress { step, loss: some(loss), accuracy: some(accuracy), samples, epoch })
+            Frame::Report(Progress {
+                step,
+                loss: some(loss),
+                accuracy: some(accuracy),
+                samples,
+                epoch,
+                data_wait,
+                skipped,
+            })
         }
         0x08 => Frame::StatusRequest,
         0x09 => Frame::PutState { values: r.floats()? },
@@ -796,7 +814,15 @@ mod tests {
             Frame::PutState { values: vec![0.5, -1.25] },
             Frame::GetState,
             Frame::ModelState { values: vec![3.0] },
-            Frame::Report(Progress { step: 5, loss: Some(0.25), accuracy: None, samples: 640, epoch: 2 }),
+            Frame::Report(Progress {
+                step: 5,
+                loss: Some(0.25),
+                accuracy: None,
+                samples: 640,
+                epoch: 2,
+                data_wait: 0.5,
+                skipped: 3,
+            }),
             Frame::StatusRequest,
             Frame::Welcome {
                 shard: 1,

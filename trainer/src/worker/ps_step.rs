@@ -213,6 +213,8 @@ impl<C: Communicator> GradientStep for PsStep<C> {
             accuracy: r.accuracy.map(|a| a as f32),
             samples: r.samples,
             epoch: u32::try_from(r.epoch).unwrap_or(u32::MAX),
+            data_wait: r.data_wait as f32,
+            skipped: r.skipped,
         };
         self.client.report(progress).map_err(ps_err)
     }

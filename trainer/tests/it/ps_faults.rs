@@ -235,8 +235,14 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
     client.push(0, &[0.25; 4]).unwrap();
-    let reported =
-        wire::Progress { step: 42, loss: Some(0.5), accuracy: Some(0.75), samples: 1344, epoch: 1 };
+    let reported = wire::Progress {
+        step: 42,
+        loss: Some(0.5),
+        accuracy: Some(0.75),
+        samples: 1344,
+        epoch: 1,
+        ..wire::Progress::default()
+    };
     client.report(reported).unwrap();
     let status = ps.terminate();
     assert_eq!(

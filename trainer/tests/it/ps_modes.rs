@@ -65,6 +65,7 @@ fn sync_applies_the_mean_of_every_group_once_per_step_across_shards() {
                         accuracy: Some(0.9),
                         samples: 64 * steps,
                         epoch: 0,
+                        ..Progress::default()
                     })
                     .unwrap();
             }));

@@ -105,6 +105,8 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
         accuracy: Some(accuracy),
         samples,
         epoch,
+        data_wait: 0.25,
+        skipped: epoch.into(),
     };
     worker.report(report(10, 320, 0.5, 0)).unwrap();
     worker.report(report(20, 640, 0.875, 1)).unwrap();
@@ -127,6 +129,17 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
     assert_eq!(code, 200, "{metrics}");
     assert!(metrics.contains("tandem_ps_step{shard=\"0\"} 20\n"), "{metrics}");
     assert!(metrics.contains("tandem_ps_accuracy{shard=\"0\"} 0.875\n"), "{metrics}");
+    // What the group waited on data, and skipped, as of its latest report.
+    assert!(metrics.contains("tandem_ps_data_wait_ratio{shard=\"0\",group=\"0\"} 0.25\n"), "{metrics}");
+    assert!(metrics.contains("tandem_ps_samples_skipped_total{shard=\"0\",group=\"0\"} 1\n"), "{metrics}");
+    assert_eq!(
+        (
+            doc["groups"][0]["progress"]["data_wait"].as_f64(),
+            doc["groups"][0]["progress"]["skipped"].as_u64()
+        ),
+        (Some(0.25), Some(1)),
+        "{body}"
+    );
 
     // The token guards status and metrics; the health probe needs none.
     assert_eq!(get(&status, "/status", None).0, 401);
@@ -162,7 +175,16 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
     }
     worker.push(0, &[0.25; 8]).unwrap();
     // A light report (no evaluation) keeps the latest accuracy.
-    worker.report(Progress { step: 21, loss: Some(0.25), accuracy: None, samples: 672, epoch: 1 }).unwrap();
+    worker
+        .report(Progress {
+            step: 21,
+            loss: Some(0.25),
+            accuracy: None,
+            samples: 672,
+            epoch: 1,
+            ..Progress::default()
+        })
+        .unwrap();
     let (code, body) = get(&status, "/status", Some(TOKEN));
     assert_eq!(code, 200, "{body}");
     let after: PsStatus = serde_json::from_str(&body).unwrap();

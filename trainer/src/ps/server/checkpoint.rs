@@ -289,7 +289,7 @@ pub fn decode(bytes: &[u8]) -> Result<Stored, String> {
             .into_iter()
             .map(|g| {
                 let GroupProgress { group, step, loss, accuracy, samples, epoch } = g;
-                (group, Progress { step, loss, accuracy, samples, epoch })
+                (group, Progress { step, loss, accuracy, samples, epoch, ..Progress::default() })
             })
             .collect(),
         model_state,

@@ -178,6 +178,31 @@ impl StatusDocument {
             "Training throughput over all member groups.",
             progress.and_then(|p| p.samples_per_second),
         );
+        // Per group: an input-bound group shows as a data-wait share near 1.
+        let reports: Vec<(u32, &crate::ps::wire::Progress)> =
+            self.groups.iter().filter_map(|g| Some((g.group, g.progress.as_ref()?))).collect();
+        let mut per_group = |name: &str,
+                             kind: &str,
+                             help: &str,
+                             value: &dyn Fn(&crate::ps::wire::Progress) -> f64| {
+            let _ = writeln!(out, "# HELP tandem_ps_{name} {help}\n# TYPE tandem_ps_{name} {kind}");
+            for (group, p) in &reports {
+                let _ =
+                    writeln!(out, "tandem_ps_{name}{{shard=\"{}\",group=\"{group}\"}} {}", s.shard, value(p));
+            }
+        };
+        per_group(
+            "data_wait_ratio",
+            "gauge",
+            "Share of a group's time between its last two reports that its steps waited on data.",
+            &|p| f64::from(p.data_wait),
+        );
+        per_group(
+            "samples_skipped_total",
+            "counter",
+            "Samples a group's ranks skipped as unreadable since they started.",
+            &|p| p.skipped as f64,
+        );
         out
     }
 }

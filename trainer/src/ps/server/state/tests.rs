@@ -229,7 +229,14 @@ fn observers_read_status_and_weights_but_cannot_write() {
     assert_eq!(net.pull(2, 3, 2), Some(vec![7.0, 8.0]));
     net.send(
         1,
-        Frame::Report(Progress { step: 9, loss: Some(0.5), accuracy: Some(0.75), samples: 10, epoch: 0 }),
+        Frame::Report(Progress {
+            step: 9,
+            loss: Some(0.5),
+            accuracy: Some(0.75),
+            samples: 10,
+            epoch: 0,
+            ..Progress::default()
+        }),
     );
     net.take(1);
     let Frame::Status(json) = net.call(2, Frame::StatusRequest) else { panic!("status expected") };
