@@ -176,6 +176,10 @@ pub struct Context {
     pub progress_every: Duration,
     /// Most reconciles in flight at once (0: unbounded).
     pub concurrency: u16,
+    /// How long a job's reconcile waits for more of its events (trailing edge): the burst of
+    /// events as a job's children are created and start is reconciled, and its status written,
+    /// once instead of once per event. Zero reconciles at each event.
+    pub debounce: Duration,
     /// How often what is remembered of deleted jobs (known Secrets, tokens) is dropped.
     pub prune_every: Duration,
     /// Give every job a NetworkPolicy that admits only its own pods, and these operator pods to
@@ -192,6 +196,12 @@ pub struct Context {
 
 /// Default of [`Context::concurrency`].
 pub const DEFAULT_CONCURRENCY: u16 = 16;
+
+/// Default of [`Context::debounce`], in milliseconds.
+pub const DEFAULT_DEBOUNCE_MS: u64 = 200;
+
+/// Default of [`Context::debounce`].
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(DEFAULT_DEBOUNCE_MS);
 
 /// Default of [`Context::prune_every`].
 pub const DEFAULT_PRUNE_EVERY: Duration = Duration::from_secs(60);
@@ -238,6 +248,7 @@ impl Context {
             tokens: progress::Tokens::default(),
             progress_every: progress::POLL_EVERY,
             concurrency: DEFAULT_CONCURRENCY,
+            debounce: DEFAULT_DEBOUNCE,
             prune_every: DEFAULT_PRUNE_EVERY,
             network_policy: None,
             caches: OnceLock::new(),
@@ -950,7 +961,8 @@ impl std::fmt::Debug for JobController {
 
 impl JobController {
     /// Sets up the watches on TrainingJobs and their pods, ConfigMaps and Services, whose
-    /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once.
+    /// caches the reconciles read; at most [`Context::concurrency`] reconciles run at once, each
+    /// [`Context::debounce`] after the last event of its job.
     pub fn new(ctx: Arc<Context>, scope: &Scope) -> Self {
         let (pods, pod_stream) = watch_owned::<Pod>(&ctx.client, scope, plan::keep_what_is_read);
         let (config_maps, config_map_stream) =
@@ -972,7 +984,9 @@ impl JobController {
             .reflect(writer)
             .applied_objects();
         let controller = Controller::for_stream(job_stream, jobs)
-            .with_config(runtime_controller::Config::default().concurrency(ctx.concurrency))
+            .with_config(
+                runtime_controller::Config::default().concurrency(ctx.concurrency).debounce(ctx.debounce),
+            )
             .owns_stream(pod_stream)
             .owns_stream(config_map_stream)
             .owns_stream(service_stream);

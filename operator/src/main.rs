@@ -53,6 +53,10 @@ struct Args {
     /// server.
     #[arg(long, env = "TANDEM_CONCURRENCY", default_value_t = tandem_operator::controller::DEFAULT_CONCURRENCY)]
     concurrency: u16,
+    /// Milliseconds a job's reconcile waits for more events of the job (its pods starting, its
+    /// children created), so that a burst is reconciled and its status written once (0: none).
+    #[arg(long, env = "TANDEM_DEBOUNCE_MS", default_value_t = tandem_operator::controller::DEFAULT_DEBOUNCE_MS)]
+    debounce_ms: u64,
     /// Seconds between reads of a Running job's progress from its PS replica 0 (jobs without a
     /// parameter server are not polled).
     #[arg(long, default_value_t = 10)]
@@ -142,6 +146,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut ctx = Context::new(client.clone(), metrics.clone(), settings, Some(identity.clone()));
     ctx.concurrency = args.concurrency;
+    ctx.debounce = Duration::from_millis(args.debounce_ms);
     ctx.progress_every = Duration::from_secs(args.progress_every.max(1));
     if args.network_policy {
         let labels = parse_labels(&args.operator_labels)?;
