@@ -144,9 +144,26 @@ async fn the_operator_runs_in_cluster_as_the_chart_made_it() {
     );
     let log = api.logs(&op.name_any(), &LogParams::default()).await.unwrap();
     assert!(
-        !log.contains("403") && !log.contains("Forbidden"),
+        !has_number(&log, "403") && !log.contains("Forbidden"),
         "the API server denied the operator something:\n{log}"
     );
+}
+
+/// Whether `text` holds the number `n` on its own (not inside a longer one, such as the
+/// timestamp `11:19:18.141403Z`).
+fn has_number(text: &str, n: &str) -> bool {
+    text.match_indices(n).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + n.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_digit()) && !after.is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+#[test]
+fn a_status_code_is_found_on_its_own_and_not_inside_a_timestamp() {
+    assert!(!has_number("\"timestamp\":\"2026-12-02T11:19:18.141403Z\"", "403"));
+    assert!(has_number("ApiError: forbidden (ErrorResponse { code: 403 })", "403"));
+    assert!(has_number("403", "403"));
 }
 
 /// Scenarios 1 and 6: examples/mnist-hybrid.yaml (tcp) trains to 0.90 with status.progress from
