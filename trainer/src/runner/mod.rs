@@ -669,8 +669,9 @@ impl JobFiles {
     }
 }
 
-/// Test accuracy and loss of the trained model: the PS weights evaluated on the test set, or
-/// without a PS the accuracy rank 0 `reported`.
+/// Test accuracy and loss of the trained model: the PS weights, with the groups' mean of the
+/// model's non-trainable state (batch norm's running statistics) that shard 0 holds, evaluated on
+/// the test set; without a PS, the accuracy rank 0 `reported`.
 fn evaluate(
     files: &JobFiles,
     eval: &mut Trainer,
@@ -689,8 +690,27 @@ fn evaluate(
     let mut client = PsClient::connect(client_config).map_err(|e| RunnerError::Eval(e.to_string()))?;
     let mut weights = vec![0f32; total];
     client.pull(0, &mut weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
+    // Without the groups' statistics a batch-norm model would be evaluated with fresh ones (mean
+    // 0, variance 1), and score about chance.
+    let wanted = eval.state().len();
+    let state = if wanted == 0 {
+        Vec::new()
+    } else {
+        client.get_state().map_err(|e| RunnerError::Eval(e.to_string()))?
+    };
     drop(client);
     eval.set_params(&weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
+    if wanted > 0 {
+        if state.len() != wanted {
+            return Err(RunnerError::Eval(format!(
+                "parameter server 0 holds {} values of model state where the model has {wanted} (its \
+                 batch-norm running statistics); the groups put them after every step, so a trained job \
+                 always has them: this is a bug, please report it",
+                state.len()
+            )));
+        }
+        eval.set_state(&state).map_err(|e| RunnerError::Eval(e.to_string()))?;
+    }
     let result = eval.evaluate().map_err(|e| RunnerError::Eval(e.to_string()))?;
     Ok((result.accuracy, Some(result.loss)))
 }

@@ -58,6 +58,32 @@ fn start_endless_job(stderr: Stdio) -> EndlessJob {
     EndlessJob { child, out, _lines: lines, _tmp: tmp }
 }
 
+/// A batch-norm model through the PS: the final evaluation uses the groups' running statistics
+/// that shard 0 holds (with fresh ones a ResNet scores about chance, 0.1), so it agrees with what
+/// the workers measured at the same step.
+#[test]
+fn a_resnet_trained_through_the_ps_is_evaluated_with_its_batch_norm_statistics() {
+    let _one = one_job_at_a_time();
+    let (_tmp, _out, run) = run_hybrid(
+        |doc| {
+            set(doc, &["spec", "model"], serde_yaml::from_str("{kind: resnet, depth: 8, width: 4}").unwrap());
+            set(doc, &["spec", "training", "steps"], 200.into());
+            set(doc, &["spec", "training", "evalEverySteps"], 200.into());
+        },
+        &[],
+    );
+    assert!(run.success, "stderr:\n{}", run.stderr);
+    let done = run.finished();
+    let final_accuracy = done["test_accuracy"].as_f64().unwrap();
+    let measured: Vec<f64> = run.of("progress").iter().filter_map(|p| p["accuracy"].as_f64()).collect();
+    let last = *measured.last().unwrap_or_else(|| panic!("no worker reported an accuracy: {:?}", run.events));
+    assert!(final_accuracy >= 0.7, "final accuracy {final_accuracy} (the workers measured {last}): {done}");
+    assert!(
+        (final_accuracy - last).abs() <= 0.1,
+        "the PS weights score {final_accuracy}, the workers measured {last} at the last step"
+    );
+}
+
 #[test]
 fn mnist_hybrid_trains_to_the_target_through_the_launch_contract() {
     let _one = one_job_at_a_time();
