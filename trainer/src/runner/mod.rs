@@ -694,13 +694,13 @@ fn evaluate(
     // 0, variance 1), and score about chance.
     let wanted = eval.state().len();
     let state = if wanted == 0 {
-        Vec::new()
+        None
     } else {
-        client.get_state().map_err(|e| RunnerError::Eval(e.to_string()))?
+        Some(client.get_state().map_err(|e| RunnerError::Eval(e.to_string()))?)
     };
     drop(client);
     eval.set_params(&weights).map_err(|e| RunnerError::Eval(e.to_string()))?;
-    if wanted > 0 {
+    if let Some(state) = state {
         if state.len() != wanted {
             return Err(RunnerError::Eval(format!(
                 "parameter server 0 holds {} values of model state where the model has {wanted} (its \

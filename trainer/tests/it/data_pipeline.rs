@@ -274,27 +274,29 @@ fn a_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once()
 
 fn text_job(dir: &Path, name: &str, path: &Path, tokens: &str, steps: u64) -> PathBuf {
     let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            "apiVersion: tandem.dev/v1alpha1
+    let data = format!("{{source: text, path: {}, tokens: {tokens}, batchSize: 16}}", path.display());
+    std::fs::write(&file, gpt_job(name, &data, steps)).unwrap();
+    file
+}
+
+/// The manifest of a one-rank job training a small GPT (1 layer, width 32, context 16) on `data`
+/// for `steps` steps.
+pub(crate) fn gpt_job(name: &str, data: &str, steps: u64) -> String {
+    format!(
+        "apiVersion: tandem.dev/v1alpha1
 kind: TrainingJob
 metadata: {{name: {name}}}
 spec:
   model: {{kind: gpt, layers: 1, heads: 2, dim: 32, context: 16}}
-  data: {{source: text, path: {}, tokens: {tokens}, batchSize: 16}}
+  data: {data}
   training:
     algorithm: allreduce
     optimizer: {{kind: adamw, learningRate: 0.01}}
     steps: {steps}
     evalEverySteps: 0
   workers: {{groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}}
-",
-            path.display()
-        ),
+"
     )
-    .unwrap();
-    file
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{image_data, trainer_support};
+use crate::{data_pipeline, image_data, trainer_support};
 
 const BUCKET: &str = "tandem-data";
 const USER: &str = "tandem-test";
@@ -155,11 +155,11 @@ fn run_err(c: &mut Command) -> String {
     stderr
 }
 
-/// Trains the job `name` on `data` with `c` (`tandem` with its environment); returns the
+/// Trains the job `name` of `manifest` with `c` (`tandem` with its environment); returns the
 /// finished line.
-fn train(mut c: Command, dir: &Path, name: &str, data: &str) -> serde_json::Value {
+fn train(mut c: Command, dir: &Path, name: &str, manifest: &str) -> serde_json::Value {
     let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, image_data::job(name, data)).unwrap();
+    std::fs::write(&file, manifest).unwrap();
     let stdout = run_ok(
         c.args(["train", "-f"]).arg(&file).args(["--output", "json", "--output-dir"]).arg(dir.join(name)),
     );
@@ -234,8 +234,10 @@ fn shards_and_images_in_a_bucket_train_like_the_same_files_on_a_local_path() {
         ("local-images", format!("{{source: images, path: '{}', batchSize: 32}}", root.display())),
         ("s3-images", format!("{{source: images, path: '{images_url}', batchSize: 32, {s3}}}")),
     ];
-    let finished: Vec<serde_json::Value> =
-        runs.iter().map(|(name, data)| train(minio.tandem(), dir.path(), name, data)).collect();
+    let finished: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|(name, data)| train(minio.tandem(), dir.path(), name, &image_data::job(name, data)))
+        .collect();
     let acc = |v: &serde_json::Value| v["test_accuracy"].as_f64().unwrap();
     for pair in finished.chunks(2) {
         let (local, remote) = (&pair[0], &pair[1]);
@@ -296,23 +298,9 @@ fn object_storage_errors_name_the_url_and_what_to_do() {
     assert!(err.contains("bucket no-such-bucket does not exist"), "{err}");
 }
 
-/// A GPT on `path` (`source: text`, a file or a folder of `.txt` files) for `steps` steps.
+/// A small GPT on `data` (a `source: text` spec) for 150 steps.
 fn text_job(name: &str, data: &str) -> String {
-    format!(
-        "apiVersion: tandem.dev/v1alpha1
-kind: TrainingJob
-metadata: {{name: {name}}}
-spec:
-  model: {{kind: gpt, layers: 1, heads: 2, dim: 32, context: 16}}
-  data: {data}
-  training:
-    algorithm: allreduce
-    optimizer: {{kind: adamw, learningRate: 0.01}}
-    steps: 150
-    evalEverySteps: 0
-  workers: {{groups: 1, groupSize: 1, minGroups: 1, maxGroups: 1}}
-"
-    )
+    data_pipeline::gpt_job(name, data, 150)
 }
 
 #[test]
@@ -334,21 +322,7 @@ fn a_text_and_a_table_in_a_bucket_train_like_the_same_files_on_a_local_path() {
     run_ok(minio.tandem_data().arg("upload").arg(&csv).arg(&csv_url));
 
     let s3 = format!("s3: {{endpoint: '{}'}}", minio.endpoint);
-    let run = |name: &str, manifest: String| {
-        let file = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(&file, manifest).unwrap();
-        let stdout = run_ok(
-            minio
-                .tandem()
-                .args(["train", "-f"])
-                .arg(&file)
-                .args(["--output", "json", "--output-dir"])
-                .arg(dir.path().join(name)),
-        );
-        let finished: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-        assert_eq!(finished["event"], "finished", "{finished}");
-        finished
-    };
+    let run = |name: &str, manifest: String| train(minio.tandem(), dir.path(), name, &manifest);
     let text = |path: &str, extra: &str| {
         format!("{{source: text, path: '{path}', tokens: characters, batchSize: 16{extra}}}")
     };

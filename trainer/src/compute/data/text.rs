@@ -4,8 +4,9 @@
 //! targets are the next token at every position.
 //!
 //! A user's text (`source: text`, [`read_text`]) is a UTF-8 file or a folder of `.txt` files read
-//! in name order, on a local path or in object storage (`s3://<bucket>/<key or prefix>`), cut into bytes (as above) or into Unicode characters ([`TextTokens::Characters`]:
-//! the vocabulary is the text's distinct characters, in code-point order).
+//! in name order, on a local path or in object storage (`s3://<bucket>/<key or prefix>`), cut
+//! into bytes (as above) or into Unicode characters ([`TextTokens::Characters`]: the vocabulary
+//! is the text's distinct characters, in code-point order).
 //!
 //! Guarantees: the split is contiguous and depends only on the text: the first 90 % of the text
 //! trains, the rest is held out, and the held-out windows are thinned evenly to at most

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::gate::{Admission, Bounds};
 use super::state::{GroupStatus, ShardStatus};
+use crate::ps::wire::Progress;
 use crate::util::token::{hex, hmac, same_bytes};
 use tandem_api::PsMode;
 use tandem_api::contract::{PsStatus, STATUS_PATH, status_auth};
@@ -179,12 +180,9 @@ impl StatusDocument {
             progress.and_then(|p| p.samples_per_second),
         );
         // Per group: an input-bound group shows as a data-wait share near 1.
-        let reports: Vec<(u32, &crate::ps::wire::Progress)> =
+        let reports: Vec<(u32, &Progress)> =
             self.groups.iter().filter_map(|g| Some((g.group, g.progress.as_ref()?))).collect();
-        let mut per_group = |name: &str,
-                             kind: &str,
-                             help: &str,
-                             value: &dyn Fn(&crate::ps::wire::Progress) -> f64| {
+        let mut per_group = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Progress) -> f64| {
             let _ = writeln!(out, "# HELP tandem_ps_{name} {help}\n# TYPE tandem_ps_{name} {kind}");
             for (group, p) in &reports {
                 let _ =
