@@ -80,12 +80,54 @@ pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
     let _ = (cmd, signal);
 }
 
-/// `n` loopback ports that were free a moment ago, all held at once so that they differ. Another
-/// program may take one between this call and its use.
+/// Lowest port [`free_ports`] hands out: above the well-known and registered services' usual
+/// fixed ports.
+const FREE_PORTS_LOW: u16 = 16384;
+
+/// `n` distinct loopback ports that were free a moment ago, all held at once so that they differ.
+/// They are chosen below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`, from which
+/// every outgoing connection and every `bind(…:0)` takes its port), from a random start, so that
+/// between this call and the port's use no connection of another program takes it; only a
+/// program that binds that fixed port can. Where the ephemeral range leaves no room below it, the
+/// kernel picks (`bind(…:0)`).
 pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let high = ephemeral_low().unwrap_or(32768);
+    if high > FREE_PORTS_LOW {
+        let span = u32::from(high - FREE_PORTS_LOW);
+        let start = random_u32() % span;
+        let mut held = Vec::with_capacity(n);
+        for i in 0..span {
+            if held.len() == n {
+                break;
+            }
+            let port = FREE_PORTS_LOW + ((start + i) % span) as u16;
+            if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                held.push(listener);
+            }
+        }
+        if held.len() == n {
+            return held.iter().map(|l| l.local_addr().map(|a| a.port())).collect();
+        }
+    }
     let listeners =
         (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
     listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
+}
+
+/// The first port of the kernel's ephemeral range, `None` where it cannot be read.
+fn ephemeral_low() -> Option<u16> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// A random number (from the standard library's per-process random hash keys).
+fn random_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() as u32
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes; `None` where it cannot be read.
@@ -110,11 +152,19 @@ mod tests {
     }
 
     #[test]
-    fn free_ports_are_distinct() {
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
         let ports = free_ports(8).unwrap_or_default();
         let mut unique = ports.clone();
         unique.sort_unstable();
         unique.dedup();
         assert_eq!((ports.len(), unique.len()), (8, 8));
+        let high = ephemeral_low().unwrap_or(32768);
+        for port in ports {
+            assert!((FREE_PORTS_LOW..high).contains(&port), "{port} is not in {FREE_PORTS_LOW}..{high}");
+            assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(), "{port} is not free");
+        }
+        // Two calls start at different places, so that concurrent callers rarely meet.
+        let firsts: Vec<Vec<u16>> = (0..4).map(|_| free_ports(1).unwrap_or_default()).collect();
+        assert!(firsts.iter().any(|p| *p != firsts[0]), "every call chose {:?}", firsts[0]);
     }
 }

@@ -30,8 +30,7 @@ struct Finished {
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    tandem::util::proc::free_ports(n).unwrap()
 }
 
 /// A token file holding `content`: one file per token (not per call), so runs leave no pile of

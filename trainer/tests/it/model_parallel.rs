@@ -31,8 +31,8 @@ use tandem_api::{PsMode, TrainingJobSpec};
 
 /// Free loopback endpoints for a group's collectives.
 fn group_peers(size: usize) -> Vec<Endpoint> {
-    let listeners: Vec<_> = (0..size).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| Endpoint::new("127.0.0.1", l.local_addr().unwrap().port())).collect()
+    let ports = tandem::util::proc::free_ports(size).unwrap();
+    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
 }
 
 fn spec_of(json: serde_json::Value) -> TrainingJobSpec {

@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ fn minio_bin() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    tandem::util::proc::free_ports(1).unwrap()[0]
 }
 
 /// A MinIO server on loopback with its data in a temporary folder; stopped when dropped.

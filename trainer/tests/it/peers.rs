@@ -18,7 +18,7 @@ const PEER_TIMEOUT: &str = "3";
 const HANG: Duration = Duration::from_secs(90);
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    tandem::util::proc::free_ports(1).unwrap()[0]
 }
 
 fn tcp_job(peers: Vec<Endpoint>) -> Job {
@@ -65,7 +65,8 @@ fn wait_output(mut child: std::process::Child) -> Output {
 
 #[test]
 fn a_tcp_group_whose_peer_never_comes_up_fails_within_the_deadline_naming_it() {
-    let peers: Vec<Endpoint> = (0..3).map(|_| Endpoint::new("127.0.0.1", free_port())).collect();
+    let ports = tandem::util::proc::free_ports(3).unwrap();
+    let peers: Vec<Endpoint> = ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect();
     let missing = peers[2].port;
     let job = tcp_job(peers);
     // Ranks 0 and 1 start; rank 2 never does.

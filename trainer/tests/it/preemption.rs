@@ -19,8 +19,8 @@ use tandem_api::contract::{self, Endpoint, Role};
 const STEPS: u64 = 3000;
 
 pub(crate) fn free_ports(n: usize) -> Vec<Endpoint> {
-    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| Endpoint::new("127.0.0.1", l.local_addr().unwrap().port())).collect()
+    let ports = tandem::util::proc::free_ports(n).unwrap();
+    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
 }
 
 fn spec(algorithm: &str, group_size: u32, replicas: u32) -> serde_json::Value {

@@ -41,8 +41,8 @@ fn trainer(spec: &TrainingJobSpec, rank: usize, world: usize) -> Trainer {
 
 /// Free loopback ports for a group's collective endpoints.
 fn group_peers(size: usize) -> Vec<Endpoint> {
-    let listeners: Vec<_> = (0..size).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| Endpoint::new("127.0.0.1", l.local_addr().unwrap().port())).collect()
+    let ports = tandem::util::proc::free_ports(size).unwrap();
+    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
 }
 
 /// Runs one group of `size` ranks (threads) for the job's steps; returns each rank's final

@@ -9,8 +9,8 @@ use crate::ps_common::{Job, addrs};
 use tandem_api::contract::Endpoint;
 
 fn free_ports(n: usize) -> Vec<Endpoint> {
-    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| Endpoint::new("127.0.0.1", l.local_addr().unwrap().port())).collect()
+    let ports = tandem::util::proc::free_ports(n).unwrap();
+    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
 }
 
 fn run_job(algorithm: &str) {

@@ -49,6 +49,7 @@ struct Training {
     events: mpsc::Receiver<serde_json::Value>,
     seen: Vec<serde_json::Value>,
     started: Instant,
+    out: std::path::PathBuf,
 }
 
 impl Training {
@@ -69,7 +70,7 @@ impl Training {
                 }
             }
         });
-        Self { child, events, seen: Vec::new(), started: Instant::now() }
+        Self { child, events, seen: Vec::new(), started: Instant::now(), out: out.to_owned() }
     }
 
     /// Reads events until one matches `wanted`, and returns it.
@@ -83,9 +84,29 @@ impl Training {
                         return event;
                     }
                 }
-                Err(_) => panic!("no {what} within {WAIT:?}; events: {:#?}", self.seen),
+                Err(_) => panic!("no {what} within {WAIT:?}; events: {:#?}\n{}", self.seen, self.logs()),
             }
         }
+    }
+
+    /// The end of every process log of the run, for failure messages.
+    fn logs(&self) -> String {
+        let mut logs: Vec<_> = std::fs::read_dir(self.out.join("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        logs.sort();
+        logs.insert(0, self.out.with_extension("stderr"));
+        logs.iter()
+            .map(|log| {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                format!("--- {}:\n{}", log.display(), lines[lines.len().saturating_sub(15)..].join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     fn kind(&self, kind: &str) -> Vec<&serde_json::Value> {

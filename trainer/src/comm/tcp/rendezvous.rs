@@ -52,7 +52,8 @@ pub struct Mesh {
 }
 
 /// Listens on `bind`:`peers[rank].port`, connects to every peer and authenticates every
-/// connection with `token`, all before `config.connect_timeout` has passed.
+/// connection with `token`, all before `config.connect_timeout` has passed. A group of one rank
+/// listens on nothing.
 pub fn form_mesh(
     rank: usize,
     peers: &[Endpoint],
@@ -63,6 +64,11 @@ pub fn form_mesh(
     let size = peers.len();
     let names: Vec<Peer> =
         peers.iter().enumerate().map(|(rank, e)| Peer { rank, addr: e.to_string() }).collect();
+    let deadline = Instant::now() + config.connect_timeout;
+    if size == 1 {
+        // A group of one has no peer to accept: it needs no port, so none can be taken from it.
+        return Ok(Mesh { rank, names, data: vec![None], control: vec![None], deadline });
+    }
     let port = peers[rank].port;
     let listener = TcpListener::bind((bind, port)).map_err(|e| {
         CommError::Rendezvous(format!(
@@ -70,7 +76,6 @@ pub fn form_mesh(
              belongs to this host"
         ))
     })?;
-    let deadline = Instant::now() + config.connect_timeout;
     let mut data: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
     let mut control: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
 
@@ -567,6 +572,26 @@ mod tests {
         drop(peer);
         let err = mesh.recv_frame(1).unwrap_err();
         assert!(matches!(err, CommError::PeerFailed { ref peer, .. } if peer.rank == 1), "{err}");
+    }
+
+    #[test]
+    fn a_group_of_one_listens_on_nothing_so_a_taken_port_does_not_stop_it() {
+        // Another program holds the port the job config gives the only rank (the local runner's
+        // ports were free a moment before); the rank still forms its group.
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peers = [Endpoint::new("127.0.0.1", taken.local_addr().unwrap().port())];
+        let mesh = form_mesh(0, &peers, "127.0.0.1", b"token", &TcpConfig::default()).unwrap();
+        assert_eq!((mesh.rank, mesh.data.len(), mesh.control.len()), (0, 1, 1));
+        // With a second rank the port is needed, and its being taken is named.
+        let two = [peers[0].clone(), Endpoint::new("127.0.0.1", 1)];
+        let Err(err) = form_mesh(0, &two, "127.0.0.1", b"token", &TcpConfig::default()) else {
+            panic!("a group of two formed on a taken port")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("cannot listen on 127.0.0.1:") && err.contains("check that the port is free"),
+            "{err}"
+        );
     }
 
     #[test]
