@@ -84,7 +84,12 @@ impl Training {
                         return event;
                     }
                 }
-                Err(_) => panic!("no {what} within {WAIT:?}; events: {:#?}\n{}", self.seen, self.logs()),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("no {what} within {WAIT:?}; events: {:#?}\n{}", self.seen, self.logs())
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("the run ended before {what}; events: {:#?}\n{}", self.seen, self.logs())
+                }
             }
         }
     }
