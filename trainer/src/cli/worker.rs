@@ -69,7 +69,8 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
     match job.spec.workers.backend {
         Backend::Tcp => {
             let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;
-            let comm = worker::connect_tcp(&job, &place, &token, timeout)
+            let host = std::env::var(tandem::comm::host::HOST_ID_ENV).ok().filter(|h| !h.is_empty());
+            let comm = worker::connect_tcp(&job, &place, &token, timeout, host)
                 .with_context(|| format!("worker {group}/{rank}"))?;
             if job.spec.model.parallelism.is_data() {
                 train(&job, &place, &token, &args, &device, comm, None)

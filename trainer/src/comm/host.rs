@@ -19,6 +19,12 @@
 
 use std::os::unix::fs::MetadataExt;
 
+/// Environment variable that gives a process its host identity instead of the detected one
+/// ([`HostId::given`]): the local runner sets it to the node's name for a process it places on a
+/// node (`tandem train --node`), so ranks on different network namespaces of one machine never
+/// share memory and their traffic crosses the nodes' links, as between real hosts.
+pub const HOST_ID_ENV: &str = "TANDEM_HOST_ID";
+
 /// What identifies this rank's host for shared memory, and a name for logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostId {

@@ -475,6 +475,8 @@ impl Spawner<'_> {
             Some(node) => {
                 let mut cmd = Command::new("ip");
                 cmd.args(["netns", "exec", &node.netns]).arg(&opts.exe);
+                // Ranks on different nodes share no memory: their traffic crosses the links.
+                cmd.env(crate::comm::host::HOST_ID_ENV, format!("node={}", node.netns));
                 cmd
             }
             None => Command::new(&opts.exe),

@@ -13,7 +13,11 @@
 //! first, then each group's ranks — so with as many nodes as processes each runs alone on its
 //! node, and with fewer the placement is still deterministic. Every process binds its node's
 //! address, on a port of its own ([`BASE_PORT`] plus its slot), so two processes sharing a node
-//! never collide. Without nodes nothing changes: everything binds 127.0.0.1 on free ports.
+//! never collide. Each process on a node gets that node as its host identity
+//! ([`crate::comm::host::HOST_ID_ENV`]): the namespaces share one kernel and one `/dev/shm`, so
+//! ranks would otherwise find each other on "one host" and reduce through shared memory, and the
+//! group's traffic would never touch the links. Without nodes nothing changes: everything binds
+//! 127.0.0.1 on free ports.
 //!
 //! Caveats: the namespaces and their addresses must be reachable from the runner's own (the
 //! bridge holds an address in the nodes' subnet), since the runner evaluates the final model by

@@ -145,12 +145,14 @@ pub fn collective(e: CommError) -> TrainError {
 
 /// Forms group `place.group`'s `tcp` communicator from the job config's peer list: every peer
 /// must resolve, connect and authenticate within `connect_timeout`, or the error names the ones
-/// that did not (the group's "peers reachable" gate).
+/// that did not (the group's "peers reachable" gate). `host`, when given, is this rank's host
+/// identity for shared memory ([`crate::comm::host::HOST_ID_ENV`]).
 pub fn connect_tcp(
     job: &JobConfig,
     place: &Place,
     token: &str,
     connect_timeout: std::time::Duration,
+    host: Option<String>,
 ) -> Result<TcpComm, WorkerError> {
     tcp::connect_from_contract(
         job,
@@ -158,7 +160,7 @@ pub fn connect_tcp(
         place.rank as usize,
         &place.bind,
         token.as_bytes(),
-        TcpConfig { connect_timeout, ..TcpConfig::default() },
+        TcpConfig { connect_timeout, host, ..TcpConfig::default() },
     )
     .map_err(|source| WorkerError::Comm { group: place.group, source })
 }
