@@ -94,7 +94,8 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
     let high = ephemeral_low().unwrap_or(32768);
     if high > FREE_PORTS_LOW {
         let span = u32::from(high - FREE_PORTS_LOW);
-        let start = random_u32() % span;
+        // A failed read only makes every caller start at the bottom of the range.
+        let start = crate::util::token::random_bytes::<4>().map_or(0, u32::from_le_bytes) % span;
         let mut held = Vec::with_capacity(n);
         for i in 0..span {
             if held.len() == n {
@@ -118,16 +119,6 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
 fn ephemeral_low() -> Option<u16> {
     let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
     text.split_whitespace().next()?.parse().ok()
-}
-
-/// A random number (from the standard library's per-process random hash keys).
-fn random_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-    );
-    h.finish() as u32
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes; `None` where it cannot be read.

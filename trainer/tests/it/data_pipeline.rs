@@ -232,7 +232,7 @@ fn a_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once()
         "workers": {"groups": 1, "groupSize": 2, "minGroups": 1, "maxGroups": 1, "backend": "tcp"}
     }));
     let trace = [("RUST_LOG", "info,tandem::samples=trace")];
-    job.write_topology(&[], &[crate::preemption::free_ports(2)]);
+    job.write_topology(&[], &[crate::ps_common::loopback_endpoints(2)]);
     let mut ranks = [Worker::spawn_with(&job, 0, 0, &trace), Worker::spawn_with(&job, 1, 0, &trace)];
     ranks[0].wait_for_progress();
     ranks[1].sigterm();

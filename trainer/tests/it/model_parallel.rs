@@ -29,12 +29,6 @@ use tandem::worker::ps_step::PsStep;
 use tandem_api::contract::Endpoint;
 use tandem_api::{PsMode, TrainingJobSpec};
 
-/// Free loopback endpoints for a group's collectives.
-fn group_peers(size: usize) -> Vec<Endpoint> {
-    let ports = tandem::util::proc::free_ports(size).unwrap();
-    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
-}
-
 fn spec_of(json: serde_json::Value) -> TrainingJobSpec {
     serde_json::from_value(json).unwrap()
 }
@@ -84,7 +78,7 @@ fn assert_split_equals_one_process(model: serde_json::Value, shape: [u32; 3], p:
     let want_grads = one.grads().to_vec();
 
     let split = job(b, model.clone());
-    let peers = group_peers(p);
+    let peers = crate::ps_common::loopback_endpoints(p);
     let ranks: Vec<_> = (0..p)
         .map(|rank| {
             let (split, peers) = (split.clone(), peers.clone());
@@ -144,7 +138,7 @@ fn a_layer_override_naming_no_dense_layer_is_refused_with_the_models_dense_layer
         "training": {"algorithm": "allreduce", "steps": 10},
         "workers": {"groups": 1, "groupSize": 2, "minGroups": 1, "maxGroups": 1}
     }));
-    let peers = group_peers(1);
+    let peers = crate::ps_common::loopback_endpoints(1);
     let comm = tcp::connect(0, &peers, "127.0.0.1", b"model-parallel", TcpConfig::default()).unwrap();
     let group = Shared::new(comm).model_group();
     let err = Trainer::with_model(&spec, data(&spec), 0, 1, |input, classes| {
@@ -296,7 +290,7 @@ fn ps_hybrid_run(parallelism: &str) -> Vec<Vec<f32>> {
         .map(|group| {
             let (spec, servers, joined) = (spec.clone(), servers.clone(), joined.clone());
             std::thread::spawn(move || {
-                let peers = group_peers(2);
+                let peers = crate::ps_common::loopback_endpoints(2);
                 let ranks: Vec<_> = (0..2usize)
                     .map(|rank| {
                         let (spec, servers, joined, peers) =

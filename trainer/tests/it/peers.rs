@@ -65,8 +65,7 @@ fn wait_output(mut child: std::process::Child) -> Output {
 
 #[test]
 fn a_tcp_group_whose_peer_never_comes_up_fails_within_the_deadline_naming_it() {
-    let ports = tandem::util::proc::free_ports(3).unwrap();
-    let peers: Vec<Endpoint> = ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect();
+    let peers = crate::ps_common::loopback_endpoints(3);
     let missing = peers[2].port;
     let job = tcp_job(peers);
     // Ranks 0 and 1 start; rank 2 never does.

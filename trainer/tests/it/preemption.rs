@@ -12,16 +12,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::ps_common::{Job, eventually};
+use crate::ps_common::{Job, eventually, loopback_endpoints};
 use tandem::compute::checkpoint::{self, Checkpoint};
-use tandem_api::contract::{self, Endpoint, Role};
+use tandem_api::contract::{self, Role};
 
 const STEPS: u64 = 3000;
-
-pub(crate) fn free_ports(n: usize) -> Vec<Endpoint> {
-    let ports = tandem::util::proc::free_ports(n).unwrap();
-    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
-}
 
 fn spec(algorithm: &str, group_size: u32, replicas: u32) -> serde_json::Value {
     serde_json::json!({
@@ -141,7 +136,7 @@ fn ps_checkpoint_version(dir: &Path) -> u64 {
 fn a_sigtermed_rank_stops_its_group_at_a_checkpointed_step_and_the_restart_resumes_there() {
     let _one = crate::runner_support::one_job_at_a_time();
     let job = Job::with_spec(spec("allreduce", 2, 0));
-    job.write_topology(&[], &[free_ports(2)]);
+    job.write_topology(&[], &[loopback_endpoints(2)]);
     let mut ranks = [Worker::spawn(&job, 0, 0), Worker::spawn(&job, 1, 0)];
     ranks[0].wait_for_progress();
     // Rank 1 gets the notice (its pod is the one evicted); rank 0 checkpoints for the group.
@@ -181,7 +176,7 @@ fn a_sigtermed_ps_job_worker_and_ps_exit_retryable_and_their_restarts_lose_no_st
     let _one = crate::runner_support::one_job_at_a_time();
     let job = Job::with_spec(spec("ps-sync", 1, 1));
     let mut ps = job.spawn_ps(0, 0);
-    job.write_topology(std::slice::from_ref(&ps), &[free_ports(1)]);
+    job.write_topology(std::slice::from_ref(&ps), &[loopback_endpoints(1)]);
 
     // The worker: SIGTERM stops it at a step boundary; the PS holds that step's weights.
     let mut worker = Worker::spawn(&job, 0, 0);

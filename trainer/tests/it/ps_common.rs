@@ -13,6 +13,12 @@ use tandem_api::contract::{Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
 
 pub const TOKEN: &str = "ps-test-token-7f3a";
 
+/// `n` distinct free loopback endpoints ([`tandem::util::proc::free_ports`]).
+pub fn loopback_endpoints(n: usize) -> Vec<Endpoint> {
+    let ports = tandem::util::proc::free_ports(n).unwrap();
+    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
+}
+
 /// A job folder: config, token, outputs.
 pub struct Job {
     pub dir: tempfile::TempDir,

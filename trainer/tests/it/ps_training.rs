@@ -17,7 +17,6 @@ use tandem::ps::client::PsClient;
 use tandem::worker::ps_step::PsStep;
 use tandem_api::PsMode;
 use tandem_api::TrainingJobSpec;
-use tandem_api::contract::Endpoint;
 
 fn spec(algorithm: &str, steps: u64, replicas: u32) -> serde_json::Value {
     serde_json::json!({
@@ -39,12 +38,6 @@ fn trainer(spec: &TrainingJobSpec, rank: usize, world: usize) -> Trainer {
     Trainer::new(spec, data, &Device::Cpu, rank, world).unwrap()
 }
 
-/// Free loopback ports for a group's collective endpoints.
-fn group_peers(size: usize) -> Vec<Endpoint> {
-    let ports = tandem::util::proc::free_ports(size).unwrap();
-    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
-}
-
 /// Runs one group of `size` ranks (threads) for the job's steps; returns each rank's final
 /// parameters and the test accuracy rank 0 measured. Ranks wait at `joined` after joining, so
 /// that groups of one test start at the same version.
@@ -56,7 +49,7 @@ fn run_group(
     world: usize,
     joined: Arc<Barrier>,
 ) -> (Vec<Vec<f32>>, f64) {
-    let peers = group_peers(size);
+    let peers = crate::ps_common::loopback_endpoints(size);
     let handles: Vec<_> = (0..size)
         .map(|rank| {
             let (spec, servers, peers) = (spec.clone(), servers.to_vec(), peers.clone());

@@ -5,13 +5,7 @@
 
 use std::io::Read;
 
-use crate::ps_common::{Job, addrs};
-use tandem_api::contract::Endpoint;
-
-fn free_ports(n: usize) -> Vec<Endpoint> {
-    let ports = tandem::util::proc::free_ports(n).unwrap();
-    ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
-}
+use crate::ps_common::{Job, addrs, loopback_endpoints};
 
 fn run_job(algorithm: &str) {
     let job = Job::with_spec(serde_json::json!({
@@ -29,7 +23,7 @@ fn run_job(algorithm: &str) {
         "workers": {"groups": 2, "groupSize": 2, "minGroups": 1, "maxGroups": 4}
     }));
     let ps = [job.spawn_ps(0, 0), job.spawn_ps(1, 0)];
-    job.write_topology(&ps, &[free_ports(2), free_ports(2)]);
+    job.write_topology(&ps, &[loopback_endpoints(2), loopback_endpoints(2)]);
     let workers: Vec<_> = (0..2)
         .flat_map(|g| (0..2).map(move |r| (g, r)))
         .map(|(g, r)| (g, r, job.spawn_worker(g, r)))
