@@ -7,12 +7,16 @@
 # tabulates epoch time and time to accuracy per algorithm and link rate beside the papers' claims
 # (bench/plot_cluster.py) and plots accuracy against wall time.
 #
+# Then it measures epoch time (bench/epochs.py): every algorithm's example shape with the MLP, ResNet-20
+# and VGG-A's dense layers, for MXNET-MPI's claim of epochs 6x faster than the default PS.
+#
 # Then it checks `tandem plan` (bench/plan_check.py): every shape the plan prices for PLAN_JOB on
 # these nodes is run and measured, and the predicted step times and ranking are set beside the
 # measured ones.
 #
 # Usage (root): [LINKS="1gbit 10gbit 25gbit"] [NODES=6] [ALGOS=…] [ROUNDS=1] [EVAL=20] [TARGET=0.90]
-#               [PLAN_JOB=examples/mnist-hybrid.yaml] [STEPS=120] [TTA=1] [PLAN=1] bench/cluster.sh
+#               [PLAN_JOB=examples/mnist-hybrid.yaml] [STEPS=120] [PLAN_ROUNDS=3] [TTA=1] [EPOCHS=1] [PLAN=1]
+#               [MODELS="mlp resnet20 vgg-dense"] bench/cluster.sh
 # Writes out/bench/cluster/{<link>/…,table.md,cluster.png,cluster.svg}. Everything it creates (the
 # namespaces tcl-<n>, the bridge tclbr0) is removed when it ends, also on failure or Ctrl-C.
 set -euo pipefail
@@ -70,6 +74,8 @@ for link in $LINKS; do
   limit "$link"
   [ "${TTA:-1}" = 0 ] || OUT="$OUT/$link" TRAIN_ARGS="$NODE_ARGS" bench/tta.sh
   # shellcheck disable=SC2086 # NODE_ARGS is a list of arguments
+  [ "${EPOCHS:-1}" = 0 ] || python3 bench/epochs.py "$TANDEM" "$link" "$OUT/$link" $NODE_ARGS
+  # shellcheck disable=SC2086
   [ "${PLAN:-1}" = 0 ] ||
     python3 bench/plan_check.py "$TANDEM" "${PLAN_JOB:-examples/mnist-hybrid.yaml}" "$link" "$NODES" "$OUT/$link" $NODE_ARGS
 done

@@ -6,17 +6,24 @@ Usage: plan_check.py TANDEM MANIFEST LINK NODES OUTDIR [--node NAME=ADDR ...]
 Asks `tandem plan -o json` for every candidate shape of MANIFEST on NODES nodes at LINK, then runs
 each shape (the manifest with its algorithm, parameterServers and workers lines replaced; STEPS
 steps, default 120) with `tandem train --node …`, and measures its steady samples/s from the
-progress lines (the second half of the run, so start-up and the final evaluation are left out).
+progress lines (from the second line to the one before the final step, so start-up and the final
+evaluation are left out).
+PLAN_ROUNDS (default 3) rounds, the shapes in turn within each round so that a slow spell of the machine
+falls on all of them; a shape's figure is the median of its rounds, and the table shows their range.
 Writes OUTDIR/plan.jsonl and OUTDIR/plan.md: per shape the predicted and measured step time, the
 error, both rankings, and whether the plan's pick is within 10% of the best measured shape.
 """
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# Steps between a worker group's progress lines (trainer/src/worker/mod.rs, PROGRESS_EVERY).
+PROGRESS_EVERY = 10
 
 
 def shaped(text, shape):
@@ -36,22 +43,28 @@ def shaped(text, shape):
 
 
 def measure(tandem, manifest, out, node_args, steps):
-    """Steady samples/s of one run: progress samples over wall time in the run's second half."""
+    """Steady samples/s of one run: progress samples over wall time, from the second progress line
+    (start-up left out) to the last one before the final step (whose line comes after the final
+    evaluation: the run is stopped there, so the evaluation is neither timed nor waited for)."""
     text = re.sub(r"^( *)steps: *\d+", lambda m: f"{m.group(1)}steps: {steps}", Path(manifest).read_text(), flags=re.M)
     text = re.sub(r"^( *)epochs:.*\n", "", text, flags=re.M)
     Path(manifest).write_text(text)
     points = []
+    last = steps - PROGRESS_EVERY
     cmd = [tandem, "train", "--output", "json", "-f", manifest, "--output-dir", out, "--data-dir", "data", *node_args]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(f"{out}.log", "w"), text=True) as p:
         for line in p.stdout:
             if line.startswith("{"):
                 e = json.loads(line)
-                if e.get("event") == "progress":
+                if e.get("event") == "progress" and e.get("accuracy") is None:
                     points.append((time.monotonic(), e["samples"]))
-    if p.returncode != 0 or len(points) < 4:
+                    if e["step"] >= last:
+                        p.terminate()
+                        break
+        p.wait()
+    if len(points) < 3 or points[-1][1] == points[1][1]:
         return None
-    half = points[len(points) // 2:]
-    (t0, s0), (t1, s1) = half[0], half[-1]
+    (t0, s0), (t1, s1) = points[1], points[-1]
     return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
@@ -65,17 +78,26 @@ def main():
                            "--data-dir", "data"], check=True, capture_output=True, text=True)
     shapes = [json.loads(l) for l in plan.stdout.splitlines() if l.startswith("{")]
     base = Path(manifest).read_text()
+    rounds = int(os.environ.get("PLAN_ROUNDS", "3"))
+    tags = [f"{s['ps']}ps-{s['groups']}x{s['group_size']}-{s['algorithm']}" for s in shapes]
+    for s, tag in zip(shapes, tags):
+        (out / "plan" / f"{tag}.yaml").write_text(shaped(base, s))
+    runs = {tag: [] for tag in tags}
+    for r in range(rounds):
+        for tag in tags:
+            run = out / "plan" / tag
+            subprocess.run(["rm", "-rf", str(run)], check=True)
+            print(f"   {link}: round {r + 1}/{rounds} {tag}", file=sys.stderr)
+            sps = measure(tandem, str(out / "plan" / f"{tag}.yaml"), str(run), node_args, steps)
+            if sps:
+                runs[tag].append(sps)
     rows = []
-    for s in shapes:
-        tag = f"{s['ps']}ps-{s['groups']}x{s['group_size']}-{s['algorithm']}"
-        m = out / "plan" / f"{tag}.yaml"
-        m.write_text(shaped(base, s))
-        run = out / "plan" / tag
-        subprocess.run(["rm", "-rf", str(run)], check=True)
-        print(f"   {link}: {tag}", file=sys.stderr)
-        sps = measure(tandem, str(m), str(run), node_args, steps)
+    for s, tag in zip(shapes, tags):
+        got = sorted(runs[tag])
+        sps = statistics.median(got) if got else None
         batch = s["samples_per_s"] * s["step_s"]  # samples of one step of the whole job
-        rows.append(dict(s, tag=tag, measured_sps=sps, measured_step_s=(batch / sps if sps else None)))
+        rows.append(dict(s, tag=tag, measured_sps=sps, measured_step_s=(batch / sps if sps else None),
+                         rounds_sps=got, failed_rounds=rounds - len(got)))
     with open(out / "plan.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
@@ -83,13 +105,17 @@ def main():
     by_measured = sorted(measured, key=lambda r: -r["measured_sps"])
     rank = {r["tag"]: i + 1 for i, r in enumerate(by_measured)}
     lines = [f"links at {link}, {nodes} nodes",
-             "", "| shape | predicted step ms | measured step ms | error | predicted rank | measured rank |",
-             "|---|---|---|---|---|---|"]
+             "", f"median of {rounds} rounds a shape (samples/s: slowest and fastest round)", "",
+             "| shape | predicted step ms | measured step ms | error | predicted rank | measured rank | samples/s (min–max) |",
+             "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         m = r["measured_step_s"]
         err = f"{(r['step_s'] - m) / m * 100:+.0f}%" if m else "–"
-        lines.append(f"| {r['tag']} | {r['step_s'] * 1e3:.2f} | {m * 1e3:.2f} | {err} | {i + 1} | {rank.get(r['tag'], '–')} |"
-                     if m else f"| {r['tag']} | {r['step_s'] * 1e3:.2f} | failed | – | {i + 1} | – |")
+        spread = f"{r['rounds_sps'][0]:.0f}–{r['rounds_sps'][-1]:.0f}" if r["rounds_sps"] else "–"
+        if r["failed_rounds"]:
+            spread += f" ({r['failed_rounds']} failed)"
+        lines.append(f"| {r['tag']} | {r['step_s'] * 1e3:.2f} | {m * 1e3:.2f} | {err} | {i + 1} | {rank.get(r['tag'], '–')} | {spread} |"
+                     if m else f"| {r['tag']} | {r['step_s'] * 1e3:.2f} | failed | – | {i + 1} | – | – |")
     if by_measured:
         pick = rows[0]
         best = by_measured[0]

@@ -74,6 +74,10 @@ def main():
         "against it).",
     ]
     for link in links:
+        epochs = out / link / "epochs.md"
+        if epochs.exists():
+            notes += ["", epochs.read_text()]
+    for link in links:
         plan = out / link / "plan.md"
         if plan.exists():
             notes += ["", "`tandem plan` against measurement, " + plan.read_text()]
