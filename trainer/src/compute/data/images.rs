@@ -24,7 +24,7 @@
 //!   when the classes sit under `train/`, else a fixed fifth of the files (the split that
 //!   [`super::split()`] uses, so it never depends on the training seed). It is decoded into memory.
 
-use std::io::{BufRead, Cursor, Seek};
+use std::io::{BufRead, Cursor, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -296,7 +296,7 @@ pub fn decode_all(set: &ImageSet, transform: &Transform) -> Dataset {
     let mut features = Vec::with_capacity(set.files.len() * set.shape.features());
     let mut labels = Vec::with_capacity(set.files.len());
     let mut skipped = set.skipped;
-    let readers = store::readers(set.files.iter().map(|f| f.path.clone()).collect());
+    let readers = store::readers(set.files.iter().map(|f| f.path.clone()));
     for (f, reader) in set.files.iter().zip(readers) {
         match reader.map_err(|e| e.to_string()).and_then(|r| decode_image(ImageReader::new(r))) {
             Ok(image) => {
@@ -325,6 +325,7 @@ pub(crate) fn train_decoder(transform: Arc<Transform>) -> Decode {
                 decode_image(ImageReader::new(store::reader(path).map_err(|e| e.to_string())?))?
             }
             Load::Bytes(bytes) => decode_image(ImageReader::new(Cursor::new(bytes.as_slice())))?,
+            Load::Unreadable(why) => return Err(why.clone()),
         };
         let mut out = Vec::with_capacity(transform.shape.features());
         transform.train(image, epoch, item.id, &mut out);
@@ -417,17 +418,39 @@ impl Producer for FolderOrder {
     fn epoch(&mut self, epoch: u64, from: u64, feed: &mut Feed) -> Result<bool, DataError> {
         let order =
             rank_indices(self.set.files.len(), self.batch_size, self.seed, epoch, self.rank, self.world);
-        let n = order.len().max(1) as u64;
+        if order.is_empty() {
+            return Ok(false);
+        }
+        let n = order.len() as u64;
+        // Objects are fetched here, [`store::CONCURRENCY`] ahead of the one sent, so a store's
+        // latency overlaps; local files are opened by the decoding threads.
+        let mut fetched = self.set.files.first().is_some_and(|f| store::is_remote(&f.path)).then(|| {
+            let (set, order) = (Arc::clone(&self.set), order.clone());
+            store::readers(
+                (from..).map(move |pos| set.files[order[(pos % n) as usize] as usize].path.clone()),
+            )
+        });
         let mut pos = from;
         loop {
-            let Some(&i) = order.get((pos % n) as usize) else { return Ok(false) };
+            let i = order[(pos % n) as usize];
             let file = &self.set.files[i as usize];
+            let load = match fetched.as_mut().and_then(Iterator::next) {
+                None => Load::File(file.path.clone()),
+                Some(Ok(mut reader)) => {
+                    let mut bytes = Vec::new();
+                    match reader.read_to_end(&mut bytes) {
+                        Ok(_) => Load::Bytes(bytes),
+                        Err(e) => Load::Unreadable(e.to_string()),
+                    }
+                }
+                Some(Err(e)) => Load::Unreadable(e.to_string()),
+            };
             let item = Item {
                 pos,
                 id: u64::from(i),
                 label: file.label,
                 name: file.path.display().to_string(),
-                load: Load::File(file.path.clone()),
+                load,
             };
             match feed.send(item) {
                 Flow::Continue => pos += 1,

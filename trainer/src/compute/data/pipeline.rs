@@ -34,8 +34,10 @@ use super::{DataCursor, DataError};
 pub(crate) enum Load {
     /// In a file.
     File(PathBuf),
-    /// Read already (a tar member).
+    /// Read already (a tar member, an object fetched ahead).
     Bytes(Vec<u8>),
+    /// Could not be read: why (the sample is skipped with a warning naming it).
+    Unreadable(String),
 }
 
 /// One sample of a rank's epoch sequence, as the producer sends it.

@@ -183,9 +183,13 @@ pub fn reader(path: &Path) -> Result<Box<dyn Input>, DataError> {
 }
 
 /// Readers of `paths`, in order: local files are opened as they are reached, objects fetched
-/// [`CONCURRENCY`] at a time ahead of the one being read.
-pub fn readers(paths: Vec<PathBuf>) -> impl Iterator<Item = Result<Box<dyn Input>, DataError>> {
-    Readers { paths: paths.into(), ahead: VecDeque::new() }
+/// [`CONCURRENCY`] at a time ahead of the one being read. `paths` may be endless (a training
+/// epoch's order, wrapping): no more than [`CONCURRENCY`] are taken ahead of the reader.
+pub fn readers<I>(paths: I) -> impl Iterator<Item = Result<Box<dyn Input>, DataError>>
+where
+    I: IntoIterator<Item = PathBuf>,
+{
+    Readers { paths: paths.into_iter(), ahead: VecDeque::new() }
 }
 
 /// Copies the file or folder `from` (recursively) to the object prefix `to`, keeping relative
@@ -629,18 +633,18 @@ fn block<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Re
 type Fetch = Receiver<Result<Bytes, DataError>>;
 
 /// [`readers`]: objects fetched ahead.
-struct Readers {
-    paths: VecDeque<PathBuf>,
+struct Readers<I> {
+    paths: I,
     /// Fetches under way, in order; `None` for a local file (opened when reached).
     ahead: VecDeque<(PathBuf, Option<Fetch>)>,
 }
 
-impl Iterator for Readers {
+impl<I: Iterator<Item = PathBuf>> Iterator for Readers<I> {
     type Item = Result<Box<dyn Input>, DataError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         while self.ahead.len() < CONCURRENCY
-            && let Some(path) = self.paths.pop_front()
+            && let Some(path) = self.paths.next()
         {
             let fetch = if is_remote(&path) {
                 match locate(&path).and_then(|(bucket, key)| spawn(bucket.fetch(key))) {
