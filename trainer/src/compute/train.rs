@@ -138,8 +138,16 @@ pub trait GradientStep {
         Ok(vec![mine])
     }
 
-    /// Passes the leader's report on beyond the caller (a PS step tells the servers).
-    fn report(&mut self, _report: &GroupReport) -> Result<(), TrainError> {
+    /// Whether [`GradientStep::report`] wants every rank's data cursor at each report (a PS
+    /// step keeps them on the servers, for a restarted group); gathering them is a collective.
+    fn reports_cursors(&self) -> bool {
+        false
+    }
+
+    /// Passes the leader's report on beyond the caller (a PS step tells the servers), with every
+    /// rank's data cursor after the reported step when [`GradientStep::reports_cursors`] (else
+    /// none).
+    fn report(&mut self, _report: &GroupReport, _cursors: &[DataCursor]) -> Result<(), TrainError> {
         Ok(())
     }
 
@@ -493,6 +501,18 @@ impl Trainer {
         Ok(self.loader.seek(cursor)?)
     }
 
+    /// Moves the data stream `batches` batches on without training on them, counting them as
+    /// steps: a restarted group that continued its stream at the cursor of an earlier step (its
+    /// last report's) reads its way to the step it resumes at, so the samples skipped on the way
+    /// are skipped again and the stream lands on the next unseen sample.
+    pub fn read_ahead(&mut self, batches: u64) -> Result<(), TrainError> {
+        for _ in 0..batches {
+            self.loader.next_batch(&mut self.x, &mut self.y)?;
+            self.step += 1;
+        }
+        Ok(())
+    }
+
     /// Loss and accuracy on the test set (per target: per token for a language model), in
     /// chunks of the training batch size, so evaluation needs no more memory than a step.
     pub fn evaluate(&mut self) -> Result<Evaluation, TrainError> {
@@ -657,6 +677,11 @@ impl Trainer {
                 if window[3] > 0.0 { f64::from((window[2] / window[3]).clamp(0.0, 1.0)) } else { 0.0 };
             let skipped = window[4] as u64;
             window = [0.0; 5];
+            let cursors = if update.reports_cursors() {
+                update.gather_cursors(self.loader.cursor())?
+            } else {
+                Vec::new()
+            };
             if !update.leader() {
                 continue;
             }
@@ -671,7 +696,7 @@ impl Trainer {
                 data_wait,
                 skipped,
             };
-            update.report(&report)?;
+            update.report(&report, &cursors)?;
             on_report(&report);
         }
         let evaluation = match last_eval {

@@ -212,6 +212,15 @@ pub struct PsClient {
     joined: bool,
 }
 
+/// A group's furthest reported progress as the servers keep it ([`PsClient::reported`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reported {
+    /// The step.
+    pub step: u64,
+    /// Each rank's data cursor after it, in rank order (empty when the group sent none).
+    pub cursors: Vec<crate::compute::data::DataCursor>,
+}
+
 impl PsClient {
     /// Connects to every shard (retrying until the connect timeout) and says hello.
     pub fn connect(config: ClientConfig) -> Result<Self, ClientError> {
@@ -255,20 +264,30 @@ impl PsClient {
         self.config.peer
     }
 
-    /// The furthest step `group` reported to any shard (kept across the group's restarts while
-    /// the shard runs; `None` when it reported nothing, e.g. after the shard restarted).
-    pub fn reported_step(&mut self, group: u32) -> Result<Option<u64>, ClientError> {
-        let mut best: Option<u64> = None;
+    /// The furthest step `group` reported to any shard, with its ranks' data cursors after that
+    /// step (kept across the group's restarts while the shard runs, and in the shard's
+    /// checkpoints; `None` when it reported nothing).
+    pub fn reported(&mut self, group: u32) -> Result<Option<Reported>, ClientError> {
+        let mut best: Option<Reported> = None;
         for index in 0..self.conns.len() {
             let status = self.status(index)?;
-            let step = status["groups"]
+            let found = status["groups"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter(|g| g["group"].as_u64() == Some(u64::from(group)))
-                .filter_map(|g| g["progress"]["step"].as_u64())
-                .max();
-            best = best.max(step);
+                .filter_map(|g| {
+                    let step = g["progress"]["step"].as_u64()?;
+                    let cursors =
+                        serde_json::from_value(g["progress"]["cursors"].clone()).unwrap_or_default();
+                    Some(Reported { step, cursors })
+                })
+                .max_by_key(|r| r.step);
+            if let Some(r) = found
+                && best.as_ref().is_none_or(|b| r.step > b.step)
+            {
+                best = Some(r);
+            }
         }
         Ok(best)
     }

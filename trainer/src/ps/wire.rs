@@ -34,6 +34,8 @@ use serde::Serialize;
 
 use tandem_api::PsMode;
 
+use crate::compute::data::DataCursor;
+
 /// First two bytes after the length: "TP", Tandem parameter server.
 pub const MAGIC: [u8; 2] = *b"TP";
 /// Protocol version this build speaks. Version 2: the hello carries the run's step count, pushes
@@ -42,8 +44,9 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// HMAC of it instead of carrying the token. Version 4: mutual proof (the hello carries the
 /// client's nonce, the welcome the server's proof), one frame of at most [`MAX_HELLO_FRAME`]
 /// bytes before the hello, and the [`ErrorCode::Busy`] refusal. Version 5: a report carries the
-/// group's share of time waiting on data and its skipped samples.
-pub const PROTOCOL_VERSION: u8 = 5;
+/// group's share of time waiting on data and its skipped samples. Version 6: and its ranks' data
+/// cursors.
+pub const PROTOCOL_VERSION: u8 = 6;
 
 /// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
 pub const MAX_HELLO_FRAME: usize = 128;
@@ -131,7 +134,7 @@ pub enum Peer {
 }
 
 /// Training progress a worker group reports; shown by the status frame.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Default)]
+#[derive(Clone, Debug, PartialEq, Serialize, Default)]
 pub struct Progress {
     /// Steps the group has completed.
     pub step: u64,
@@ -149,6 +152,11 @@ pub struct Progress {
     /// Samples the group's ranks skipped since they started (unreadable images, damaged shard
     /// members).
     pub skipped: u64,
+    /// Each rank's data cursor after `step`, in rank order (where its stream continues: a rank
+    /// that skipped unreadable samples is past `step × batch`), so that a restarted group goes on
+    /// with the next unseen sample; empty when the group sent none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cursors: Vec<DataCursor>,
 }
 
 /// Why the server refused a frame.
@@ -477,6 +485,12 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u32(p.epoch);
             w.f32(p.data_wait);
             w.u64(p.skipped);
+            w.u32(u32::try_from(p.cursors.len()).unwrap_or(u32::MAX));
+            for c in p.cursors.iter().take(u32::MAX as usize) {
+                w.u64(c.epoch);
+                w.u64(c.batch);
+                w.u64(c.sample.map_or(0, |s| s.saturating_add(1)));
+            }
         }
         Frame::Challenge { nonce } => w.bytes(nonce),
         Frame::Welcome { shard, replicas, start, end, total_len, mode, version, proof } => {
@@ -566,6 +580,12 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let samples = r.u64()?;
             let epoch = r.u32()?;
             let (data_wait, skipped) = (r.f32()?, r.u64()?);
+            let n = r.u32()?;
+            let mut cursors = Vec::new();
+            for _ in 0..n {
+                let (epoch, batch, sample) = (r.u64()?, r.u64()?, r.u64()?);
+                cursors.push(DataCursor { epoch, batch, sample: sample.checked_sub(1) });
+            }
             let some = |v: f32| if v.is_nan() { None } else { Some(v) };
             Frame::Report(Progress {
                 step,
@@ -575,6 +595,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                 epoch,
                 data_wait,
                 skipped,
+                cursors,
             })
         }
         0x08 => Frame::StatusRequest,
@@ -822,6 +843,13 @@ mod tests {
                 epoch: 2,
                 data_wait: 0.5,
                 skipped: 3,
+                cursors: vec![],
+            }),
+            Frame::Report(Progress {
+                step: 70,
+                samples: 2240,
+                cursors: vec![DataCursor::at(1, 3), DataCursor { epoch: 1, batch: 3, sample: Some(0) }],
+                ..Progress::default()
             }),
             Frame::StatusRequest,
             Frame::Welcome {

@@ -43,6 +43,7 @@
 pub mod allreduce;
 pub mod ps_step;
 pub mod shared;
+mod words;
 
 use std::path::{Path, PathBuf};
 
@@ -65,6 +66,10 @@ use tandem_kernels::split::Group;
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
+
+/// Most batches a restarted PS-job group reads ahead from its last report's data cursor to the
+/// step it resumes at (see [`ps_step::PsStep::resume_cursor`]).
+pub const READ_AHEAD: u64 = 10 * PROGRESS_EVERY;
 
 /// A worker that cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -311,8 +316,28 @@ fn continue_at<C: Communicator>(
     let start = match update {
         Update::Ps(s) => {
             let start = s.start_step().min(steps);
-            if start > 0 {
-                trainer.skip_to(start)?;
+            match s.resume_cursor() {
+                // The stream continues at this rank's cursor of the group's last report and reads
+                // its way to `start` (at most [`READ_AHEAD`] batches: a group that the others left
+                // far behind takes the step's position instead).
+                Some((at, cursor)) if at <= start && start - at <= READ_AHEAD => {
+                    trainer.skip_to(at)?;
+                    trainer.seek_data(cursor)?;
+                    trainer.read_ahead(start - at)?;
+                }
+                Some((at, _)) if start > 0 => {
+                    tracing::info!(
+                        group = place.group,
+                        rank = place.rank,
+                        reported = at,
+                        step = start,
+                        "the group's last data position is too far from its step: continuing at the \
+                         step's position, which does not count samples skipped since then"
+                    );
+                    trainer.skip_to(start)?;
+                }
+                _ if start > 0 => trainer.skip_to(start)?,
+                _ => {}
             }
             start
         }

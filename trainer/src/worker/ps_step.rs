@@ -14,6 +14,11 @@
 //! count one group's steps, from the furthest step the group reported before it failed (kept in
 //! PS checkpoints too, up to the checkpoint's version, so it survives a PS restart). Rank 0's value
 //! is broadcast, so every rank of the group agrees. A group the servers do not know starts at 0.
+//! Every report carries each rank's data cursor after the reported step, which the servers keep
+//! with the group's progress (and in their checkpoints); a restarted rank continues its stream at
+//! its cursor and reads its way to the step it resumes at ([`PsStep::resume_cursor`]), so that
+//! samples skipped as unreadable before the restart do not shift what it serves: it continues
+//! with the next unseen sample.
 //!
 //! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
 //! ([`crate::comm::block_range`]):
@@ -38,6 +43,7 @@ use std::ops::Range;
 use tandem_api::OptimizerSpec;
 
 use crate::comm::{Communicator, ReduceOp, block_range};
+use crate::compute::data::DataCursor;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError};
 use crate::ps::client::{ClientError, PsClient};
@@ -45,12 +51,16 @@ use crate::ps::wire::{Peer, Progress};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
 
+use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, cursor_words, gather_cursors};
+
 /// A group rank's link to the PS, as a [`GradientStep`].
 pub struct PsStep<C: Communicator> {
     comm: C,
     client: PsClient,
     block: Range<usize>,
     start_step: u64,
+    /// The group's last reported step before this start, with this rank's data cursor after it.
+    resume: Option<(u64, DataCursor)>,
     mode: PsMode,
     local: Option<Optimizer>,
     scratch: Vec<f32>,
@@ -77,30 +87,44 @@ impl<C: Communicator> PsStep<C> {
             client.init(block.start as u64, &params[block.clone()]).map_err(ps_err)?;
         }
         let clocks = client.join().map_err(ps_err)?;
-        let start_step = match client.peer() {
+        let (start_step, reported) = match client.peer() {
             Peer::Worker { group, attempt, .. } => {
                 // The servers know the group when it was launched before (attempt above 0) or
                 // when they resumed from checkpoints that hold its progress (the whole job started
                 // again: `tandem train --resume`, a job re-applied on its checkpoint claim).
-                let reported = client.reported_step(group).map_err(ps_err)?;
-                match client.mode() {
+                let reported = client.reported(group).map_err(ps_err)?;
+                let start = match client.mode() {
                     _ if attempt == 0 && reported.is_none() => 0,
                     PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
-                    PsMode::Async { .. } | PsMode::Elastic { .. } => reported.unwrap_or(0),
-                }
+                    PsMode::Async { .. } | PsMode::Elastic { .. } => reported.as_ref().map_or(0, |r| r.step),
+                };
+                (start, reported)
             }
-            _ => 0,
+            _ => (0, None),
         };
-        // Steps travel as two exact f32 halves of 24 bits; rank 0's count is the group's.
-        let mut at = [(start_step >> 24) as f32, (start_step & 0xff_ffff) as f32];
-        comm.broadcast(&mut at, 0).map_err(super::collective)?;
-        let start_step = ((at[0] as u64) << 24) | at[1] as u64;
+        // Rank 0's view is the group's: [start step, reported step + 1 (0: none), every rank's
+        // cursor after the reported step].
+        let size = comm.size();
+        let mut words = vec![0u64; 2 + CURSOR_WORDS * size];
+        words[0] = start_step;
+        if let Some(r) = reported.filter(|r| r.cursors.len() == size) {
+            words[1] = r.step + 1;
+            for (slot, c) in words[2..].chunks_exact_mut(CURSOR_WORDS).zip(&r.cursors) {
+                slot.copy_from_slice(&cursor_words(*c));
+            }
+        }
+        broadcast_words(&mut comm, &mut words).map_err(super::collective)?;
+        let start_step = words[0];
+        let rank = comm.rank();
+        let resume = words[1]
+            .checked_sub(1)
+            .map(|step| (step, cursor_of(&words[2 + CURSOR_WORDS * rank..2 + CURSOR_WORDS * (rank + 1)])));
         if !block.is_empty() {
             client.pull(block.start as u64, &mut params[block.clone()]).map_err(ps_err)?;
         }
         comm.allgather(params).map_err(super::collective)?;
         let local = (!mode.pushes_gradients()).then(|| Optimizer::new(optimizer, params.len()));
-        Ok(Self { comm, client, block, start_step, mode, local, scratch: Vec::new() })
+        Ok(Self { comm, client, block, start_step, resume, mode, local, scratch: Vec::new() })
     }
 
     /// Replaces `state`, the model's non-trainable state, on every rank of the group with the
@@ -140,6 +164,14 @@ impl<C: Communicator> PsStep<C> {
     /// progress after a restart (see the module documentation).
     pub fn start_step(&self) -> u64 {
         self.start_step
+    }
+
+    /// The group's last reported step before this start and this rank's data cursor after it,
+    /// when the servers hold them: a restarted group continues its stream from there, reading
+    /// ahead to [`PsStep::start_step`], so the samples it skipped as unreadable are not served
+    /// again in their place.
+    pub fn resume_cursor(&self) -> Option<(u64, DataCursor)> {
+        self.resume
     }
 }
 
@@ -206,7 +238,15 @@ impl<C: Communicator> GradientStep for PsStep<C> {
         self.comm.allreduce(sums, ReduceOp::Sum).map_err(super::collective)
     }
 
-    fn report(&mut self, r: &GroupReport) -> Result<(), TrainError> {
+    fn gather_cursors(&mut self, mine: DataCursor) -> Result<Vec<DataCursor>, TrainError> {
+        gather_cursors(&mut self.comm, mine)
+    }
+
+    fn reports_cursors(&self) -> bool {
+        true
+    }
+
+    fn report(&mut self, r: &GroupReport, cursors: &[DataCursor]) -> Result<(), TrainError> {
         let progress = Progress {
             step: r.step,
             loss: r.loss.map(|l| l as f32),
@@ -215,6 +255,7 @@ impl<C: Communicator> GradientStep for PsStep<C> {
             epoch: u32::try_from(r.epoch).unwrap_or(u32::MAX),
             data_wait: r.data_wait as f32,
             skipped: r.skipped,
+            cursors: cursors.to_vec(),
         };
         self.client.report(progress).map_err(ps_err)
     }

@@ -201,6 +201,20 @@ fn served(log: &str) -> Vec<(u64, u64, Vec<u32>)> {
 
 #[test]
 fn a_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once() {
+    // The group resumes from rank 0's checkpoint, which holds every rank's cursor.
+    stopped_mid_epoch_and_restarted("allreduce");
+}
+
+#[test]
+fn a_ps_jobs_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once() {
+    // The group resumes at the PS's clock; its ranks' cursors came with its last report.
+    stopped_mid_epoch_and_restarted("ps-sync");
+}
+
+/// A group of 2 `tandem worker`s on tar shards with unreadable samples early in each rank's run
+/// (so each rank's stream is shifted), stopped by SIGTERM mid-epoch and restarted: the epoch's
+/// batches are an uninterrupted run's, every readable sample seen once.
+fn stopped_mid_epoch_and_restarted(algorithm: &str) {
     let _one = crate::runner_support::one_job_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // 2 ranks × 1030 samples, batches of 8: 128 batches and 6 samples to spare per rank.
@@ -208,31 +222,32 @@ fn a_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once()
     let shard_dir = dir.path().join("shards");
     let location = write_shards(&shard_dir, shards, per, &[]);
     let set = ShardSet::open(&location, None).unwrap();
-    // An unreadable sample early in each rank's run, and one more in rank 0's, so that each
-    // rank's stream is shifted before the stop.
+    // An unreadable sample early in each rank's run, and one more in rank 0's.
     let order = ShardReader::new(set.clone(), batch, seed, 0, 2).unwrap().shard_order(0);
     write_shards(&shard_dir, shards, per, &[(order[0], 1), (order[10], 2), (order[1], 7)]);
     let expected: Vec<Vec<Vec<u32>>> = (0..2)
         .map(|rank| rest_of_epoch(&mut ShardReader::new(set.clone(), batch, seed, rank, 2).unwrap()))
         .collect();
     let test = write_shards(&dir.path().join("test"), 1, 40, &[]);
+    let replicas = u32::from(algorithm != "allreduce");
     let job = Job::with_spec(serde_json::json!({
         // Wide enough that a step takes milliseconds and the stop lands inside the first epoch.
         "model": {"kind": "mlp", "hidden": [1024, 1024]},
         "data": {"source": "shards", "path": location, "testPath": test, "batchSize": batch},
         "training": {
-            "algorithm": "allreduce",
+            "algorithm": algorithm,
             "steps": 140,
             "seed": seed,
             "evalEverySteps": 0,
             "optimizer": {"kind": "sgd", "learningRate": 0.01},
             "checkpoint": {"everySteps": 0}
         },
-        "parameterServers": {"replicas": 0},
+        "parameterServers": {"replicas": replicas},
         "workers": {"groups": 1, "groupSize": 2, "minGroups": 1, "maxGroups": 1, "backend": "tcp"}
     }));
+    let ps: Vec<_> = (0..replicas).map(|i| job.spawn_ps(i, 0)).collect();
     let trace = [("RUST_LOG", "info,tandem::samples=trace")];
-    job.write_topology(&[], &[crate::ps_common::loopback_endpoints(2)]);
+    job.write_topology(&ps, &[crate::ps_common::loopback_endpoints(2)]);
     let mut ranks = [Worker::spawn_with(&job, 0, 0, &trace), Worker::spawn_with(&job, 1, 0, &trace)];
     ranks[0].wait_for_progress();
     ranks[1].sigterm();
@@ -245,15 +260,25 @@ fn a_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoch_once()
     let mut again = [Worker::spawn_with(&job, 0, 1, &trace), Worker::spawn_with(&job, 1, 1, &trace)];
     for (r, w) in again.iter_mut().enumerate() {
         let status = w.wait(Duration::from_secs(300));
-        assert!(status.success(), "rank {r} of the restarted group: {status:?}\n{}", w.log_text());
+        let ps_logs: String = ps.iter().map(|p| p.log_text()).collect();
+        assert!(status.success(), "rank {r} of the restarted group: {status:?}\n{}\n{ps_logs}", w.log_text());
         assert_eq!(w.finished()["start_step"].as_u64(), Some(step));
     }
     let mut seen = BTreeSet::new();
     for rank in 0..2 {
         // What the steps trained on: the first attempt's batches up to the stop, then the restart's.
         let first: Vec<(u64, u64, Vec<u32>)> = served(&ranks[rank].log_text());
-        let second = served(&again[rank].log_text());
+        let mut second = served(&again[rank].log_text());
         assert_eq!(first.len() as u64, step, "rank {rank}: one batch per completed step");
+        // A PS job's restarted rank reads its way from its last report's cursor to the step: those
+        // batches are the ones the first attempt trained on, read again, not trained again.
+        let read_ahead = second.iter().take_while(|b| b.0 == 0 && b.1 < step).count();
+        for b in second.drain(..read_ahead) {
+            assert_eq!(
+                first[b.1 as usize], b,
+                "rank {rank}: a batch read ahead differs from the one trained"
+            );
+        }
         assert_eq!(second.first().map(|b| (b.0, b.1)), Some((0, step)), "rank {rank} resumes at its batch");
         let epoch0: Vec<Vec<u32>> =
             first.iter().chain(&second).filter(|b| b.0 == 0).map(|b| b.2.clone()).collect();

@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::ps_common::{Job, TOKEN, addrs, eventually, worker_config};
+use tandem::compute::data::DataCursor;
 use tandem::ps::client::{ClientError, PsClient};
 use tandem::ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 
@@ -227,7 +228,7 @@ fn a_gracefully_stopped_ps_loses_no_update() {
 }
 
 #[test]
-fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
+fn a_restarted_ps_keeps_each_groups_reported_step_and_data_cursors_for_its_restarted_groups() {
     let job = Job::new("ps-async", 0, 1, 1000);
     let mut ps = job.spawn_ps(0, 0);
     let servers = vec![ps.addr.clone()];
@@ -241,9 +242,10 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
         accuracy: Some(0.75),
         samples: 1344,
         epoch: 1,
+        cursors: vec![DataCursor { epoch: 1, batch: 2, sample: Some(69) }],
         ..wire::Progress::default()
     };
-    client.report(reported).unwrap();
+    client.report(reported.clone()).unwrap();
     let status = ps.terminate();
     assert_eq!(
         status.code(),
@@ -255,8 +257,10 @@ fn a_restarted_ps_keeps_each_groups_reported_step_for_its_restarted_groups() {
     // The PS and group 0 restart together: the group's new attempt reads its step from the PS.
     let ps = job.spawn_ps(0, ps.port());
     let mut again = PsClient::connect(worker_config(&servers, 0, 0, 1, 4)).unwrap();
-    assert_eq!(again.reported_step(0).unwrap(), Some(42), "{}", ps.log_text());
-    assert_eq!(again.reported_step(1).unwrap(), None, "no other group reported");
+    // With the ranks' data cursors after that step, from the PS's checkpoint.
+    let kept = again.reported(0).unwrap().unwrap_or_else(|| panic!("nothing kept:\n{}", ps.log_text()));
+    assert_eq!((kept.step, kept.cursors), (42, reported.cursors), "{}", ps.log_text());
+    assert_eq!(again.reported(1).unwrap(), None, "no other group reported");
     again.join().unwrap();
     let mut w = [0.0f32; 4];
     assert_eq!(again.pull(0, &mut w).unwrap(), 1, "the restarted group trains on");

@@ -107,6 +107,7 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
         epoch,
         data_wait: 0.25,
         skipped: epoch.into(),
+        cursors: vec![],
     };
     worker.report(report(10, 320, 0.5, 0)).unwrap();
     worker.report(report(20, 640, 0.875, 1)).unwrap();

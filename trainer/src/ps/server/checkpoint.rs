@@ -30,6 +30,7 @@ use tandem_api::contract::JobConfig;
 
 use super::state::Snapshot;
 use crate::compute::checkpoint::{MAX_COUNT, config_hash};
+use crate::compute::data::DataCursor;
 use crate::compute::optim::OptimizerState;
 use crate::ps::wire::Progress;
 use crate::util::fs::{self, Newest};
@@ -166,6 +167,10 @@ struct GroupProgress {
     samples: u64,
     #[serde(default)]
     epoch: u32,
+    /// Each rank's data cursor after `step`; absent when the group sent none and in checkpoints
+    /// written before they were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    cursors: Vec<DataCursor>,
 }
 
 fn file_name(index: u32, version: u64) -> String {
@@ -206,13 +211,14 @@ pub fn encode(job: &JobIdentity, snapshot: &Snapshot) -> Vec<u8> {
         groups: snapshot
             .groups
             .iter()
-            .map(|&(group, p)| GroupProgress {
-                group,
+            .map(|(group, p)| GroupProgress {
+                group: *group,
                 step: p.step,
                 loss: p.loss,
                 accuracy: p.accuracy,
                 samples: p.samples,
                 epoch: p.epoch,
+                cursors: p.cursors.clone(),
             })
             .collect(),
         model_state: snapshot.model_state.len() as u64,
@@ -288,8 +294,8 @@ pub fn decode(bytes: &[u8]) -> Result<Stored, String> {
             .groups
             .into_iter()
             .map(|g| {
-                let GroupProgress { group, step, loss, accuracy, samples, epoch } = g;
-                (group, Progress { step, loss, accuracy, samples, epoch, ..Progress::default() })
+                let GroupProgress { group, step, loss, accuracy, samples, epoch, cursors } = g;
+                (group, Progress { step, loss, accuracy, samples, epoch, cursors, ..Progress::default() })
             })
             .collect(),
         model_state,
@@ -452,7 +458,15 @@ mod tests {
                 updates: version,
                 buffers: vec![("momentum".into(), vec![0.25, 0.5, 0.75])],
             },
-            groups: vec![(0, Progress { step: version * 10, loss: Some(0.5), ..Progress::default() })],
+            groups: vec![(
+                0,
+                Progress {
+                    step: version * 10,
+                    loss: Some(0.5),
+                    cursors: vec![DataCursor { epoch: 1, batch: 2, sample: Some(70) }, DataCursor::at(1, 2)],
+                    ..Progress::default()
+                },
+            )],
             model_state: vec![0.125, -3.0],
         }
     }

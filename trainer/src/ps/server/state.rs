@@ -401,7 +401,7 @@ impl ShardState {
             version: self.version,
             values: w.values.clone(),
             optimizer,
-            groups: self.groups.iter().filter_map(|(&i, g)| Some((i, g.progress?))).collect(),
+            groups: self.groups.iter().filter_map(|(&i, g)| Some((i, g.progress.clone()?))).collect(),
             model_state: self.model_state.mean.clone(),
         })
     }
@@ -438,10 +438,10 @@ impl ShardState {
                 member: g.member,
                 clock: g.clock,
                 connections: g.sessions.len(),
-                progress: g.progress,
+                progress: g.progress.clone(),
             })
             .collect();
-        let progress = groups.iter().filter_map(|g| g.progress).max_by_key(|p| p.step);
+        let progress = groups.iter().filter_map(|g| g.progress.clone()).max_by_key(|p| p.step);
         let (total_len, range, ready) = match &self.weights {
             Some(w) => (w.total_len, w.range.clone(), w.ready()),
             None => (0, 0..0, false),
@@ -570,7 +570,7 @@ impl ShardState {
                 Frame::Report(mut p) => {
                     let clock = self.groups.get_mut(&group).map_or(0, |g| {
                         // Light reports carry no evaluation: the latest accuracy (and loss) stays.
-                        if let Some(prev) = g.progress {
+                        if let Some(prev) = &g.progress {
                             p.accuracy = p.accuracy.or(prev.accuracy);
                             p.loss = p.loss.or(prev.loss);
                         }

@@ -1,0 +1,54 @@
+//! Whole numbers through the collectives, which move `f32`s: a rank's data cursor and other
+//! counters go as 16-bit pieces, which an `f32` holds exactly.
+
+use crate::comm::{CommError, Communicator, block_range};
+use crate::compute::data::DataCursor;
+use crate::compute::train::TrainError;
+
+/// Broadcasts whole numbers from rank 0 exactly: each goes as four 16-bit pieces, which an `f32`
+/// holds without rounding.
+pub(super) fn broadcast_words<C: Communicator>(comm: &mut C, words: &mut [u64]) -> Result<(), CommError> {
+    let mut pieces = to_pieces(words);
+    comm.broadcast(&mut pieces, 0)?;
+    words.copy_from_slice(&from_pieces(&pieces));
+    Ok(())
+}
+
+/// Whole numbers as four 16-bit pieces each, which an `f32` holds exactly.
+pub(super) fn to_pieces(words: &[u64]) -> Vec<f32> {
+    words.iter().flat_map(|w| (0..4).map(move |i| ((w >> (16 * i)) & 0xffff) as f32)).collect()
+}
+
+/// The whole numbers of [`to_pieces`].
+pub(super) fn from_pieces(pieces: &[f32]) -> Vec<u64> {
+    pieces
+        .chunks_exact(4)
+        .map(|p| p.iter().enumerate().fold(0, |acc, (i, &v)| acc | ((v as u64) << (16 * i))))
+        .collect()
+}
+
+/// Words of a data cursor: epoch, batch, and the sample position plus one (0: none).
+pub(super) const CURSOR_WORDS: usize = 3;
+
+pub(super) fn cursor_words(c: DataCursor) -> [u64; CURSOR_WORDS] {
+    [c.epoch, c.batch, c.sample.map_or(0, |s| s + 1)]
+}
+
+pub(super) fn cursor_of(w: &[u64]) -> DataCursor {
+    DataCursor { epoch: w[0], batch: w[1], sample: w[2].checked_sub(1) }
+}
+
+/// Every rank's data cursor, gathered on every rank of `comm` (collective).
+pub(super) fn gather_cursors<C: Communicator>(
+    comm: &mut C,
+    mine: DataCursor,
+) -> Result<Vec<DataCursor>, TrainError> {
+    let (size, rank) = (comm.size(), comm.rank());
+    let pieces_per_rank = 4 * CURSOR_WORDS;
+    let mut pieces = vec![0.0f32; pieces_per_rank * size];
+    let block = block_range(pieces.len(), size, rank);
+    pieces[block].copy_from_slice(&to_pieces(&cursor_words(mine)));
+    comm.allgather(&mut pieces).map_err(super::collective)?;
+    let words = from_pieces(&pieces);
+    Ok(words.chunks_exact(CURSOR_WORDS).map(cursor_of).collect())
+}
