@@ -268,28 +268,21 @@ impl PsClient {
     /// step (kept across the group's restarts while the shard runs, and in the shard's
     /// checkpoints; `None` when it reported nothing).
     pub fn reported(&mut self, group: u32) -> Result<Option<Reported>, ClientError> {
-        let mut best: Option<Reported> = None;
+        let mut reports = Vec::new();
         for index in 0..self.conns.len() {
             let status = self.status(index)?;
-            let found = status["groups"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|g| g["group"].as_u64() == Some(u64::from(group)))
-                .filter_map(|g| {
-                    let step = g["progress"]["step"].as_u64()?;
-                    let cursors =
-                        serde_json::from_value(g["progress"]["cursors"].clone()).unwrap_or_default();
-                    Some(Reported { step, cursors })
-                })
-                .max_by_key(|r| r.step);
-            if let Some(r) = found
-                && best.as_ref().is_none_or(|b| r.step > b.step)
-            {
-                best = Some(r);
+            for g in status["groups"].as_array().into_iter().flatten() {
+                if g["group"].as_u64() != Some(u64::from(group)) {
+                    continue;
+                }
+                let progress = &g["progress"];
+                if let Some(step) = progress["step"].as_u64() {
+                    let cursors = serde_json::from_value(progress["cursors"].clone()).unwrap_or_default();
+                    reports.push(Reported { step, cursors });
+                }
             }
         }
-        Ok(best)
+        Ok(reports.into_iter().max_by_key(|r| r.step))
     }
 
     /// The servers' consistency mode.

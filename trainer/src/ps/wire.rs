@@ -487,9 +487,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(p.skipped);
             w.u32(u32::try_from(p.cursors.len()).unwrap_or(u32::MAX));
             for c in p.cursors.iter().take(u32::MAX as usize) {
-                w.u64(c.epoch);
-                w.u64(c.batch);
-                w.u64(c.sample.map_or(0, |s| s.saturating_add(1)));
+                c.words().into_iter().for_each(|word| w.u64(word));
             }
         }
         Frame::Challenge { nonce } => w.bytes(nonce),
@@ -583,8 +581,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let n = r.u32()?;
             let mut cursors = Vec::new();
             for _ in 0..n {
-                let (epoch, batch, sample) = (r.u64()?, r.u64()?, r.u64()?);
-                cursors.push(DataCursor { epoch, batch, sample: sample.checked_sub(1) });
+                cursors.push(DataCursor::of_words([r.u64()?, r.u64()?, r.u64()?]));
             }
             let some = |v: f32| if v.is_nan() { None } else { Some(v) };
             Frame::Report(Progress {

@@ -29,7 +29,7 @@ use std::path::Path;
 
 use tandem_api::OptimizerSpec;
 
-use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, cursor_words, gather_cursors};
+use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, gather_cursors};
 use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::checkpoint::Checkpoint;
 use crate::compute::data::DataCursor;
@@ -208,7 +208,7 @@ impl<C: Communicator> AllreduceStep<C> {
         }
         let mut words: Vec<u64> = match cursors.is_empty() {
             true => vec![0; CURSOR_WORDS * size],
-            false => cursors.iter().flat_map(|c| cursor_words(*c)).collect(),
+            false => cursors.iter().flat_map(|c| c.words()).collect(),
         };
         if with_cursors == 1 {
             broadcast_words(&mut self.comm, &mut words).map_err(super::collective)?;

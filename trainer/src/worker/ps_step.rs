@@ -51,7 +51,7 @@ use crate::ps::wire::{Peer, Progress};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
 
-use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, cursor_words, gather_cursors};
+use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, gather_cursors};
 
 /// A group rank's link to the PS, as a [`GradientStep`].
 pub struct PsStep<C: Communicator> {
@@ -110,7 +110,7 @@ impl<C: Communicator> PsStep<C> {
         if let Some(r) = reported.filter(|r| r.cursors.len() == size) {
             words[1] = r.step + 1;
             for (slot, c) in words[2..].chunks_exact_mut(CURSOR_WORDS).zip(&r.cursors) {
-                slot.copy_from_slice(&cursor_words(*c));
+                slot.copy_from_slice(&c.words());
             }
         }
         broadcast_words(&mut comm, &mut words).map_err(super::collective)?;

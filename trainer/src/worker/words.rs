@@ -27,15 +27,14 @@ pub(super) fn from_pieces(pieces: &[f32]) -> Vec<u64> {
         .collect()
 }
 
-/// Words of a data cursor: epoch, batch, and the sample position plus one (0: none).
-pub(super) const CURSOR_WORDS: usize = 3;
+/// Words of a data cursor ([`DataCursor::words`]).
+pub(super) const CURSOR_WORDS: usize = DataCursor::WORDS;
 
-pub(super) fn cursor_words(c: DataCursor) -> [u64; CURSOR_WORDS] {
-    [c.epoch, c.batch, c.sample.map_or(0, |s| s + 1)]
-}
-
+/// The cursor in `w`'s first [`CURSOR_WORDS`] words.
 pub(super) fn cursor_of(w: &[u64]) -> DataCursor {
-    DataCursor { epoch: w[0], batch: w[1], sample: w[2].checked_sub(1) }
+    let mut words = [0; CURSOR_WORDS];
+    words.copy_from_slice(&w[..CURSOR_WORDS]);
+    DataCursor::of_words(words)
 }
 
 /// Every rank's data cursor, gathered on every rank of `comm` (collective).
@@ -47,7 +46,7 @@ pub(super) fn gather_cursors<C: Communicator>(
     let pieces_per_rank = 4 * CURSOR_WORDS;
     let mut pieces = vec![0.0f32; pieces_per_rank * size];
     let block = block_range(pieces.len(), size, rank);
-    pieces[block].copy_from_slice(&to_pieces(&cursor_words(mine)));
+    pieces[block].copy_from_slice(&to_pieces(&mine.words()));
     comm.allgather(&mut pieces).map_err(super::collective)?;
     let words = from_pieces(&pieces);
     Ok(words.chunks_exact(CURSOR_WORDS).map(cursor_of).collect())

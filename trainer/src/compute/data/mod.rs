@@ -222,9 +222,23 @@ pub struct DataCursor {
 }
 
 impl DataCursor {
+    /// Whole numbers in [`DataCursor::words`].
+    pub const WORDS: usize = 3;
+
     /// Batch `batch` of epoch `epoch`, its samples where no sample was skipped.
     pub fn at(epoch: u64, batch: u64) -> Self {
         Self { epoch, batch, sample: None }
+    }
+
+    /// The cursor as whole numbers, as collectives and the PS wire carry it: epoch, batch, and
+    /// the sample position plus one (0: none).
+    pub fn words(self) -> [u64; Self::WORDS] {
+        [self.epoch, self.batch, self.sample.map_or(0, |s| s.saturating_add(1))]
+    }
+
+    /// The cursor of [`DataCursor::words`].
+    pub fn of_words([epoch, batch, sample]: [u64; Self::WORDS]) -> Self {
+        Self { epoch, batch, sample: sample.checked_sub(1) }
     }
 }
 
