@@ -49,7 +49,7 @@ def measure(tandem, manifest, out, node_args, steps):
     text = re.sub(r"^( *)steps: *\d+", lambda m: f"{m.group(1)}steps: {steps}", Path(manifest).read_text(), flags=re.M)
     text = re.sub(r"^( *)epochs:.*\n", "", text, flags=re.M)
     Path(manifest).write_text(text)
-    points = []
+    points, reached = [], False
     last = steps - PROGRESS_EVERY
     cmd = [tandem, "train", "--output", "json", "-f", manifest, "--output-dir", out, "--data-dir", "data", *node_args]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(f"{out}.log", "w"), text=True) as p:
@@ -59,10 +59,12 @@ def measure(tandem, manifest, out, node_args, steps):
                 if e.get("event") == "progress" and e.get("accuracy") is None:
                     points.append((time.monotonic(), e["samples"]))
                     if e["step"] >= last:
+                        reached = True
                         p.terminate()
                         break
         p.wait()
-    if len(points) < 3 or points[-1][1] == points[1][1]:
+    # A run that ended before the last timed step failed: it is not measured.
+    if not reached or len(points) < 3 or points[-1][1] == points[1][1]:
         return None
     (t0, s0), (t1, s1) = points[1], points[-1]
     return (s1 - s0) / (t1 - t0) if t1 > t0 else None
