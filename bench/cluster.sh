@@ -3,8 +3,10 @@
 # namespaces ("nodes"), each with its own address and a veth link to one bridge; every link is
 # rate-limited with tbf in both directions (the PS nodes' links like the others, so a PS hot spot
 # shows). For each link preset it runs bench/tta.sh — every algorithm on the same workers, model and
-# data — with `tandem train --node …`, which places each PS replica and each rank on its own node, then
-# tabulates epoch time and time to accuracy per algorithm and link rate beside the papers' claims
+# data — with `tandem train --node …`, which places each PS replica and each rank on its own node, for
+# the MLP and then for each model of TTA_MODELS (ResNet-20 to 0.90 and VGG-A's dense layers to
+# VGG_TARGET, each run stopped at its target or after TTA_LIMIT seconds), then tabulates epoch time
+# and time to accuracy per algorithm, model and link rate beside the papers' claims
 # (bench/plot_cluster.py) and plots accuracy against wall time.
 #
 # Then it measures epoch time (bench/epochs.py): every algorithm's example shape with the MLP, ResNet-20
@@ -15,9 +17,10 @@
 # measured ones.
 #
 # Usage (root): [LINKS="1gbit 10gbit 25gbit"] [NODES=6] [ALGOS=…] [ROUNDS=1] [EVAL=20] [TARGET=0.90]
+#               [TTA_MODELS="resnet20 vgg-dense"] [VGG_TARGET=0.85] [TTA_LIMIT=300]
 #               [PLAN_JOB=examples/mnist-hybrid.yaml] [STEPS=120] [PLAN_ROUNDS=3] [TTA=1] [EPOCHS=1] [PLAN=1]
-#               [MODELS="mlp resnet20 vgg-dense"] bench/cluster.sh
-# Writes out/bench/cluster/{<link>/…,table.md,cluster.png,cluster.svg}. Everything it creates (the
+#               [MODELS="mlp resnet20 vgg-dense"] [EPOCH_ALGOS=…] bench/cluster.sh
+# Writes out/bench/cluster/{<link>/…,<link>/tta-<model>/…,table.md,cluster.png,cluster.svg}. Everything it creates (the
 # namespaces tcl-<n>, the bridge tclbr0) is removed when it ends, also on failure or Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +76,19 @@ for link in $LINKS; do
   echo "== links at $link, $NODES nodes" >&2
   limit "$link"
   [ "${TTA:-1}" = 0 ] || OUT="$OUT/$link" TRAIN_ARGS="$NODE_ARGS" bench/tta.sh
+  # The larger models on MNIST-5k too (its 1,000 test digits keep an evaluation short), each run stopped
+  # at its target: ResNet-20 (compute-bound here) evaluated every 20 steps, VGG-A's dense layers
+  # (20M values, bound by the links) every 10.
+  if [ "${TTA:-1}" != 0 ]; then
+    for model in ${TTA_MODELS:-resnet20 vgg-dense}; do
+      case $model in
+        vgg-dense) target=${VGG_TARGET:-0.85} eval=10 ;;
+        *) target=${TARGET:-0.90} eval=20 ;;
+      esac
+      OUT="$OUT/$link/tta-$model" TRAIN_ARGS="$NODE_ARGS" MODEL=$model TARGET=$target EVAL=$eval STEPS=400 \
+        UNTIL_TARGET=1 TIME_LIMIT=${TTA_LIMIT:-300} bench/tta.sh
+    done
+  fi
   # shellcheck disable=SC2086 # NODE_ARGS is a list of arguments
   [ "${EPOCHS:-1}" = 0 ] || python3 bench/epochs.py "$TANDEM" "$link" "$OUT/$link" $NODE_ARGS
   # shellcheck disable=SC2086
@@ -80,4 +96,4 @@ for link in $LINKS; do
     python3 bench/plan_check.py "$TANDEM" "${PLAN_JOB:-examples/mnist-hybrid.yaml}" "$link" "$NODES" "$OUT/$link" $NODE_ARGS
 done
 PY=$(bench/plot-python.sh)
-$PY bench/plot_cluster.py "$OUT" "${TARGET:-0.90}" $LINKS
+TTA_MODELS=${TTA_MODELS-resnet20 vgg-dense} $PY bench/plot_cluster.py "$OUT" "${TARGET:-0.90}" $LINKS

@@ -5,58 +5,44 @@ Usage: epochs.py TANDEM LINK OUTDIR [--node NAME=ADDR ...]
 
 MXNET-MPI's claim is about epoch time (epochs 6x faster than the default parameter server), and the
 papers make it for large models, whose gradients the links struggle to carry. For each model of
-MODELS (default "mlp resnet20 vgg-dense") and each algorithm of ALGOS, this runs the algorithm's
-example manifest (examples/mnist-<algo>.yaml: the same processes, shape, optimizer and batch as
-bench/tta.sh) with the model and its data set put in, for the model's number of steps, with
+MODELS (default "mlp resnet20 vgg-dense") and each algorithm of EPOCH_ALGOS (else ALGOS, else
+bench/manifests.py's ALGORITHMS; the ratios need ps-sync among them), this runs the algorithm's manifest (bench/manifests.py: the same processes, shape,
+optimizer and batch as bench/tta.sh) with the model and its data set put in, for the model's number of steps, with
 `tandem train --node …`, and measures its steady samples/s from the progress lines (start-up and
 the final evaluation left out; bench/plan_check.py's measure). An epoch takes the data set's training samples over
 that rate, so the ratio of two algorithms' epoch times is the inverse ratio of their samples/s.
 EPOCH_ROUNDS (default 1) rounds, the runs in turn within each round; a figure is the median.
 
-The models:
-- mlp: the examples' MLP [784 -> 256 -> 128 -> 10] on MNIST-5k (235k values, 0.9 MB);
-- resnet20: ResNet-20 (CIFAR-style, batch norm) on Fashion-MNIST (0.27M values, compute-heavy);
-- vgg-dense: VGG-A's classifier shape, two dense layers of 4096, on Fashion-MNIST's 784 inputs
-  (20M values, 80 MB: the communication-heavy layers PCL-DNN's analysis is about).
+The models (bench/manifests.py): the MLP on MNIST-5k; ResNet-20 and VGG-A's two dense layers of 4096
+on Fashion-MNIST (its 60,000 training images make an epoch).
 
 Writes OUTDIR/epochs.jsonl and OUTDIR/epochs.md.
 """
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from manifests import ALGORITHMS, manifest  # noqa: E402
 from plan_check import measure  # noqa: E402
 
-# name -> (model line, data line, training samples per epoch, steps per run)
+# model (bench/manifests.py's MODELS) -> (data line, training samples per epoch, steps per run)
 MODELS = {
-    "mlp": ("{kind: mlp, hidden: [256, 128]}", "{source: mnist5k, batchSize: 32}", 4000, 120),
-    "resnet20": ("{kind: resnet, depth: 20}", "{source: fashion-mnist, batchSize: 32}", 60000, 50),
-    "vgg-dense": ("{kind: mlp, hidden: [4096, 4096]}", "{source: fashion-mnist, batchSize: 32}", 60000, 40),
+    "mlp": ("{source: mnist5k, batchSize: 32}", 4000, 120),
+    "resnet20": ("{source: fashion-mnist, batchSize: 32}", 60000, 50),
+    "vgg-dense": ("{source: fashion-mnist, batchSize: 32}", 60000, 40),
 }
-
-
-def manifest(algo, model):
-    """The algorithm's example with the model, data and steps put in, evaluated only at its end."""
-    model_line, data_line, _, steps = MODELS[model]
-    text = Path(f"examples/mnist-{algo}.yaml").read_text()
-    text = re.sub(r"^( *)model:.*$", lambda m: f"{m.group(1)}model: {model_line}", text, flags=re.M)
-    text = re.sub(r"^( *)data:.*$", lambda m: f"{m.group(1)}data: {data_line}", text, flags=re.M)
-    text = re.sub(r"^( *)evalEverySteps:.*\n", "", text, flags=re.M)
-    text = re.sub(r"^( *)checkpoint:.*\n", "", text, flags=re.M)
-    text = re.sub(r"^( *)epochs:.*$", lambda m: f"{m.group(1)}steps: {steps}", text, flags=re.M)
-    return re.sub(r"^( *)steps: *\d+", lambda m: f"{m.group(1)}steps: {steps}", text, flags=re.M)
 
 
 def main():
     tandem, link, out = sys.argv[1:4]
     node_args = sys.argv[4:]
     models = os.environ.get("MODELS", "mlp resnet20 vgg-dense").split()
-    algos = os.environ.get("ALGOS", "ps-sync ps-async hybrid easgd allreduce").split()
+    algos = os.environ.get("EPOCH_ALGOS") or os.environ.get("ALGOS") or " ".join(ALGORITHMS)
+    algos = algos.split()
     rounds = int(os.environ.get("EPOCH_ROUNDS", "1"))
     out = Path(out)
     (out / "epochs").mkdir(parents=True, exist_ok=True)
@@ -66,11 +52,12 @@ def main():
             for a in algos:
                 tag = f"{m}-{a}"
                 path = out / "epochs" / f"{tag}.yaml"
-                path.write_text(manifest(a, m))
+                data, _, steps = MODELS[m]
+                path.write_text(manifest(a, model=m, data=data, steps=steps))
                 run = out / "epochs" / tag
                 subprocess.run(["rm", "-rf", str(run)], check=True)
                 print(f"   {link}: epochs round {r + 1}/{rounds} {tag}", file=sys.stderr)
-                sps = measure(tandem, str(path), str(run), node_args, MODELS[m][3])
+                sps = measure(tandem, str(path), str(run), node_args, steps)
                 if sps:
                     runs[(m, a)].append(sps)
     rows = []
@@ -81,7 +68,7 @@ def main():
             got = runs[(m, a)]
             sps = statistics.median(got) if got else None
             rows.append(dict(model=m, algorithm=a, link=link, samples_per_s=sps, rounds_sps=sorted(got),
-                             epoch_s=(MODELS[m][2] / sps if sps else None),
+                             epoch_s=(MODELS[m][1] / sps if sps else None),
                              vs_ps_sync=(sps / base_sps if sps and base_sps else None)))
     with open(out / "epochs.jsonl", "w") as f:
         for row in rows:

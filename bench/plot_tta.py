@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Table and plot of the time-to-accuracy benchmark (bench/tta.sh).
 
-Usage: plot_tta.py RESULTS.jsonl OUTDIR [TARGET]  ->  OUTDIR/table.md, OUTDIR/tta.png, OUTDIR/tta.svg
+Usage: plot_tta.py RESULTS.jsonl OUTDIR [TARGET] [MODEL]  ->  OUTDIR/table.md, OUTDIR/tta.png, OUTDIR/tta.svg
 
 Each record is {"algorithm", "round", "t0", "t", "line"}: one `tandem train --output json` line
 and its wall time. A progress line carries the reporting group's test accuracy at its own step
 (`group_step`); the samples so far are the sum over groups of their latest step times the batch and
 the group size (or the line's `samples`, when the runner gives it). Time to TARGET is the first
-report at or above it, measured from the launch of `tandem train` (process start-up included).
+report at or above it, measured from the launch of `tandem train` (process start-up included). A run
+stopped at the target or at its time limit (bench/tta_run.py) has no final accuracy.
 """
 import json
 import statistics
@@ -17,7 +18,10 @@ from pathlib import Path
 
 from benchplot import pyplot, write_table
 
-ORDER = ["ps-sync", "ps-async", "hybrid", "easgd", "allreduce"]
+ORDER = ["ps-sync", "ps-async", "hybrid", "hybrid-4", "easgd", "allreduce"]
+
+# MODEL (bench/manifests.py's names) -> how the plots name it
+MODEL_NAMES = {"mlp": "MLP [256, 128]", "resnet20": "ResNet-20", "vgg-dense": "VGG-A's dense layers [4096, 4096]"}
 
 
 def load(path):
@@ -63,6 +67,7 @@ def first_at(points, target):
 def main():
     results, out = sys.argv[1], Path(sys.argv[2])
     target = float(sys.argv[3]) if len(sys.argv) > 3 else 0.90
+    model = MODEL_NAMES.get(sys.argv[4], sys.argv[4]) if len(sys.argv) > 4 else MODEL_NAMES["mlp"]
     runs = load(results)
     algorithms = sorted({a for a, _ in runs}, key=lambda a: ORDER.index(a) if a in ORDER else 99)
     rows, curves = {}, {}
@@ -83,7 +88,7 @@ def main():
         rows[a] = {
             "seconds": statistics.median(h[0] for h in hits) if hits else None,
             "samples": statistics.median(h[1] for h in hits) if hits else None,
-            "reached": f"{len(hits)}/{len(finals) or len(hits)}",
+            "reached": f"{len(hits)}/{len([r for r in runs if r[0] == a])}",
             "final": statistics.median(finals) if finals else None,
             "wall": statistics.median(walls) if walls else None,
         }
@@ -138,8 +143,9 @@ def main():
         ax.set_ylabel("test accuracy (reporting group)")
         ax.set_ylim(max(0.0, target - 0.3), 1.0)
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"MNIST-5k, MLP [256, 128], 4 worker processes, batch 32 each: time to {target:.2f}")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.suptitle(f"MNIST-5k, {model}, 4 worker processes, batch 32 each: time to {target:.2f}")
     fig.tight_layout()
     for ext in ("png", "svg"):
         fig.savefig(out / f"tta.{ext}", dpi=120)
