@@ -48,6 +48,10 @@ def measure(tandem, manifest, out, node_args, steps):
     evaluation: the run is stopped there, so the evaluation is neither timed nor waited for)."""
     text = re.sub(r"^( *)steps: *\d+", lambda m: f"{m.group(1)}steps: {steps}", Path(manifest).read_text(), flags=re.M)
     text = re.sub(r"^( *)epochs:.*\n", "", text, flags=re.M)
+    # Evaluated only at the end: a progress line repeats the last evaluation's accuracy, so with the
+    # default cadence (every 100 steps) no line after the first evaluation could be told apart.
+    text = re.sub(r"^ *evalEverySteps:.*\n", "", text, flags=re.M)
+    text = re.sub(r"^( *)training:$", lambda m: f"{m.group(0)}\n{m.group(1)}  evalEverySteps: 0", text, count=1, flags=re.M)
     Path(manifest).write_text(text)
     points, reached = [], False
     last = steps - PROGRESS_EVERY
