@@ -217,6 +217,11 @@ impl LrSchedule {
         Self { peak, spec: spec.clone(), total_steps }
     }
 
+    /// The same schedule over a run of `total_steps` steps.
+    pub fn over(&self, total_steps: u64) -> Self {
+        Self { total_steps, ..self.clone() }
+    }
+
     /// The rate for step `step` (0-based): linear warm-up `peak·(step+1)/warmup` during the first
     /// `warmupSteps`, then constant, `peak·γ^⌊(step−warmup)/stepSize⌋` or
     /// `peak·½(1+cos(π·(step−warmup)/(total−warmup)))`.

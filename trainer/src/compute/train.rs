@@ -431,6 +431,14 @@ impl Trainer {
         self.total_steps
     }
 
+    /// Makes the run `total_steps` steps long, with the learning-rate schedule spread over them: the
+    /// length a PS job's servers keep when this rank's own plan counts differently (a group added
+    /// by scaling an `epochs` job splits each epoch over more ranks, so its plan has fewer steps).
+    pub fn set_total_steps(&mut self, total_steps: u64) {
+        self.total_steps = total_steps;
+        self.schedule = self.schedule.over(total_steps);
+    }
+
     /// Where the data stream continues.
     pub fn cursor(&self) -> DataCursor {
         self.loader.cursor()

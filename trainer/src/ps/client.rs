@@ -210,6 +210,8 @@ pub struct PsClient {
     ranges: Vec<Range<u64>>,
     mode: PsMode,
     joined: bool,
+    /// Steps of the run, from shard 0's welcome (0 while unknown).
+    run_steps: u64,
 }
 
 /// A group's furthest reported progress as the servers keep it ([`PsClient::reported`]).
@@ -234,6 +236,7 @@ impl PsClient {
             config,
             mode: PsMode::Sync,
             joined: false,
+            run_steps: 0,
         };
         for index in 0..client.conns.len() {
             client.open(index)?;
@@ -290,6 +293,13 @@ impl PsClient {
         self.mode
     }
 
+    /// Steps of the run the servers' learning-rate schedule spans (0 while unknown): the job's
+    /// length, set by its first worker, which a worker runs even where its own plan counts
+    /// another (a group added by scaling an `epochs` job splits each epoch over more ranks).
+    pub fn run_steps(&self) -> u64 {
+        self.run_steps
+    }
+
     /// Each shard's range of the vector.
     pub fn ranges(&self) -> &[Range<u64>] {
         &self.ranges
@@ -335,11 +345,12 @@ impl PsClient {
         let proof = wire::hello_proof(token, &challenge, &nonce, peer, total_len, total_steps);
         let hello = Frame::Hello { proof, nonce, peer, total_len, total_steps };
         let reply = self.call_one(index, "hello", hello)?;
-        let Frame::Welcome { shard, replicas, start, end, total_len, mode, proof, .. } = reply else {
+        let Frame::Welcome { shard, replicas, start, end, total_len, total_steps, mode, proof, .. } = reply
+        else {
             return Err(ClientError::Unexpected { index, addr, op: "hello", got: reply.name() });
         };
         let token = self.config.token.as_bytes();
-        let layout = [u64::from(shard), u64::from(replicas), start, end, total_len];
+        let layout = [u64::from(shard), u64::from(replicas), start, end, total_len, total_steps];
         let want = wire::welcome_proof(token, &challenge, &nonce, layout);
         if !crate::util::token::same_bytes(&proof, &want) {
             self.conns[index] = None;
@@ -367,6 +378,9 @@ impl PsClient {
             )));
         }
         self.mode = mode;
+        if index == 0 {
+            self.run_steps = total_steps;
+        }
         Ok(())
     }
 

@@ -46,7 +46,7 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// bytes before the hello, and the [`ErrorCode::Busy`] refusal. Version 5: a report carries the
 /// group's share of time waiting on data and its skipped samples. Version 6: and its ranks' data
 /// cursors.
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 
 /// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
 pub const MAX_HELLO_FRAME: usize = 128;
@@ -89,19 +89,29 @@ pub fn hello_proof(
     )
 }
 
-/// The server's proof in its welcome: `HMAC(token, "tandem-ps-v4/welcome" ‖ challenge ‖ client
-/// nonce ‖ shard ‖ replicas ‖ start ‖ end ‖ total_len)`. Its label differs from the hello's, so a
+/// The server's proof in its welcome: `HMAC(token, "tandem-ps-v7/welcome" ‖ challenge ‖ client
+/// nonce ‖ shard ‖ replicas ‖ start ‖ end ‖ total_len ‖ total_steps)`. Its label differs from the hello's, so a
 /// server cannot be made to answer a client's proof for it.
 pub fn welcome_proof(
     token: &[u8],
     challenge: &[u8; NONCE_LEN],
     client_nonce: &[u8; NONCE_LEN],
-    layout: [u64; 5],
+    layout: [u64; 6],
 ) -> [u8; PROOF_LEN] {
-    let [shard, replicas, start, end, total_len] = layout.map(u64::to_le_bytes);
+    let [shard, replicas, start, end, total_len, total_steps] = layout.map(u64::to_le_bytes);
     crate::util::token::hmac(
         token,
-        &[b"tandem-ps-v4/welcome", challenge, client_nonce, &shard, &replicas, &start, &end, &total_len],
+        &[
+            b"tandem-ps-v7/welcome",
+            challenge,
+            client_nonce,
+            &shard,
+            &replicas,
+            &start,
+            &end,
+            &total_len,
+            &total_steps,
+        ],
     )
 }
 /// Bytes of the fixed header.
@@ -284,6 +294,10 @@ pub enum Frame {
         end: u64,
         /// Length of the whole vector (0 while unknown).
         total_len: u64,
+        /// Steps of the run the shard's learning-rate schedule spans (0 while unknown): the first
+        /// worker's, which every later worker runs (a group added by scaling an `epochs` job
+        /// counts fewer steps in its own plan).
+        total_steps: u64,
         /// Consistency mode.
         mode: PsMode,
         /// Updates applied so far.
@@ -491,12 +505,13 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             }
         }
         Frame::Challenge { nonce } => w.bytes(nonce),
-        Frame::Welcome { shard, replicas, start, end, total_len, mode, version, proof } => {
+        Frame::Welcome { shard, replicas, start, end, total_len, total_steps, mode, version, proof } => {
             w.u32(*shard);
             w.u32(*replicas);
             w.u64(*start);
             w.u64(*end);
             w.u64(*total_len);
+            w.u64(*total_steps);
             match mode {
                 PsMode::Sync => w.u8(0),
                 PsMode::Async { staleness } => {
@@ -606,6 +621,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
             let start = r.u64()?;
             let end = r.u64()?;
             let total_len = r.u64()?;
+            let total_steps = r.u64()?;
             let mode = match r.u8()? {
                 0 => PsMode::Sync,
                 1 => {
@@ -616,7 +632,8 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                 other => return Err(r.bad(format!("unknown mode {other}"))),
             };
             let version = r.u64()?;
-            Frame::Welcome { shard, replicas, start, end, total_len, mode, version, proof: r.array("proof")? }
+            let proof = r.array("proof")?;
+            Frame::Welcome { shard, replicas, start, end, total_len, total_steps, mode, version, proof }
         }
         0x82 => Frame::Joined { clock: r.u64()?, version: r.u64()? },
         0x83 => Frame::Left,
@@ -855,6 +872,7 @@ mod tests {
                 start: 5,
                 end: 10,
                 total_len: 10,
+                total_steps: 1000,
                 mode: PsMode::Async { staleness: Some(2) },
                 version: 77,
                 proof: [3; PROOF_LEN],
@@ -865,6 +883,7 @@ mod tests {
                 start: 0,
                 end: 1,
                 total_len: 1,
+                total_steps: 0,
                 mode: PsMode::Async { staleness: None },
                 version: 0,
                 proof: [4; PROOF_LEN],
@@ -875,6 +894,7 @@ mod tests {
                 start: 8,
                 end: 12,
                 total_len: 12,
+                total_steps: 40,
                 mode: PsMode::Elastic { alpha: 0.45, tau: 4 },
                 version: 9,
                 proof: [5; PROOF_LEN],
@@ -960,9 +980,11 @@ mod tests {
             assert_ne!(other, base);
         }
         // The welcome's proof is of another label: one cannot stand in for the other.
-        let welcome = welcome_proof(b"token", &a, &c, [0, 1, 0, 10, 10]);
+        let welcome = welcome_proof(b"token", &a, &c, [0, 1, 0, 10, 10, 20]);
         assert_ne!(welcome, base);
-        assert_ne!(welcome, welcome_proof(b"token", &a, &c, [0, 1, 0, 9, 10]));
+        assert_ne!(welcome, welcome_proof(b"token", &a, &c, [0, 1, 0, 9, 10, 20]));
+        // The run's length is proven too: a server cannot be impersonated to shorten a run.
+        assert_ne!(welcome, welcome_proof(b"token", &a, &c, [0, 1, 0, 10, 10, 21]));
     }
 
     #[test]

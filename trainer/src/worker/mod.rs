@@ -263,6 +263,19 @@ pub fn run<C: Communicator>(
             )
             .run(plan.total_steps, mode);
             let client = PsClient::connect(config)?;
+            // The servers keep the run's length: a group added by scaling an `epochs` job splits
+            // each epoch over more ranks, so its own plan counts fewer steps than the job's.
+            let run = client.run_steps();
+            if run != 0 && run != plan.total_steps {
+                tracing::info!(
+                    group = place.group,
+                    steps = run,
+                    own_plan = plan.total_steps,
+                    "the parameter servers run the job over more (or fewer) steps than this group's plan \
+                     counts with the job's present group count; running the job's"
+                );
+                trainer.set_total_steps(run);
+            }
             let mut step = PsStep::start(comm, client, &training.optimizer, &mut params)?;
             let mut state = trainer.state().to_vec();
             step.take_state(&mut state)?;
@@ -271,7 +284,7 @@ pub fn run<C: Communicator>(
         }
     };
     trainer.set_params(&params)?;
-    let steps = plan.total_steps;
+    let steps = trainer.total_steps();
     let start = continue_at(&mut update, &mut trainer, place, &checkpoints, steps)?;
     // One loop for every job: the cadence is the job's, the step is this rank's algorithm. Only
     // an `allreduce` group checkpoints (rank 0, into its output folder): the servers keep a PS

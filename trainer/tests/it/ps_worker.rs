@@ -61,3 +61,49 @@ fn hybrid_workers_train_through_the_parameter_servers() {
 fn easgd_workers_train_against_the_centre() {
     run_job("easgd");
 }
+
+/// `kubectl scale` on a job whose length is in epochs: the operator rewrites the job config with
+/// the new group count, so the added group's own plan splits each epoch over more ranks and counts
+/// fewer steps. The servers keep the job's length, and the added group runs it.
+#[test]
+fn a_group_added_to_an_epochs_job_runs_the_jobs_step_count() {
+    let job = Job::with_spec(serde_json::json!({
+        "model": {"kind": "mlp", "hidden": [16]},
+        // 1,600 training samples: 50 steps an epoch over 2 groups of 1, 33 over 3.
+        "data": {"source": "synthetic", "batchSize": 16, "syntheticSamples": 2000},
+        "training": {
+            "algorithm": "ps-async",
+            "epochs": 3,
+            "staleness": 1000,
+            "optimizer": {"kind": "sgd", "learningRate": 0.05}
+        },
+        "parameterServers": {"replicas": 1},
+        "workers": {"groups": 2, "groupSize": 1, "minGroups": 1, "maxGroups": 3}
+    }));
+    let ps = [job.spawn_ps(0, 0)];
+    job.write_topology(&ps, &[loopback_endpoints(1), loopback_endpoints(1)]);
+    let mut workers: Vec<_> = (0..2).map(|g| (g, job.spawn_worker(g, 0))).collect();
+    // Scaled once the first groups run: the config now has 3 groups.
+    let mut observer = job.observer(&addrs(&ps));
+    crate::ps_common::eventually("a group trains", || {
+        observer.status(0).is_ok_and(|s| s["groups"].as_array().is_some_and(|g| !g.is_empty()))
+    });
+    let path = job.dir.path().join("job.json");
+    let mut config =
+        tandem_api::contract::JobConfig::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config.spec.workers.groups = 3;
+    std::fs::write(&path, config.to_json()).unwrap();
+    job.write_topology(&ps, &[loopback_endpoints(1), loopback_endpoints(1), loopback_endpoints(1)]);
+    workers.push((2, job.spawn_worker(2, 0)));
+    for (g, mut child) in workers {
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let status = child.wait().unwrap();
+        let log =
+            std::fs::read_to_string(job.dir.path().join(format!("worker-{g}-0.log"))).unwrap_or_default();
+        assert!(status.success(), "worker {g}/0 failed:\n{out}\n{log}");
+        let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(last["event"], "finished");
+        assert_eq!(last["steps"], 150, "group {g} runs the job's 3 epochs of 50 steps: {last}");
+    }
+}

@@ -637,14 +637,15 @@ impl ShardState {
                     return;
                 }
                 Some(w) if w.total_steps != 0 && w.total_steps != total_steps => {
-                    let msg = format!(
-                        "this job's parameter servers run the learning-rate schedule over {} steps but the client's \
-                         run has {total_steps}; every worker and server must read the same job config and data",
-                        w.total_steps
+                    // The run keeps the length it started with; the welcome tells the worker.
+                    tracing::info!(
+                        shard = self.config.index,
+                        ?peer,
+                        steps = w.total_steps,
+                        its_plan = total_steps,
+                        "a worker whose plan counts another step count (its config has another group \
+                         count, as after scaling an epochs job) runs the job's"
                     );
-                    self.refuse(out, session, ErrorCode::Mismatch, msg);
-                    out.push(Output::Close(session));
-                    return;
                 }
                 Some(w) => {
                     if w.total_steps == 0 {
@@ -689,12 +690,12 @@ impl ShardState {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.peer = Some(peer);
         }
-        let (start, end, total_len) = match &self.weights {
-            Some(w) => (w.range.start, w.range.end, w.total_len),
-            None => (0, 0, 0),
+        let (start, end, total_len, total_steps) = match &self.weights {
+            Some(w) => (w.range.start, w.range.end, w.total_len, w.total_steps),
+            None => (0, 0, 0, 0),
         };
         let (shard, replicas) = (self.config.index, self.config.replicas);
-        let layout = [u64::from(shard), u64::from(replicas), start, end, total_len];
+        let layout = [u64::from(shard), u64::from(replicas), start, end, total_len, total_steps];
         let proof = welcome_proof(self.config.token.as_bytes(), &nonces[0], &nonces[1], layout);
         out.push(Output::Send(
             session,
@@ -704,6 +705,7 @@ impl ShardState {
                 start,
                 end,
                 total_len,
+                total_steps,
                 mode: self.config.mode,
                 version: self.version,
                 proof,

@@ -208,12 +208,14 @@ fn the_welcome_proves_the_token_over_both_nonces_and_the_layout() {
     net.connect(2);
     let hello = net.hello(2, TOKEN, Peer::Observer, 0, 0);
     let Frame::Hello { nonce: client, .. } = hello.clone() else { unreachable!() };
-    let Frame::Welcome { proof, shard, replicas, start, end, total_len, .. } = net.call(2, hello) else {
+    let Frame::Welcome { proof, shard, replicas, start, end, total_len, total_steps, .. } =
+        net.call(2, hello)
+    else {
         panic!("welcome expected")
     };
     let challenge = net.nonces[&2];
-    let layout = [u64::from(shard), u64::from(replicas), start, end, total_len];
-    assert_eq!(layout, [1, 2, 3, 5, 5]);
+    let layout = [u64::from(shard), u64::from(replicas), start, end, total_len, total_steps];
+    assert_eq!(layout, [1, 2, 3, 5, 5, STEPS]);
     assert_eq!(proof, welcome_proof(TOKEN.as_bytes(), &challenge, &client, layout));
     assert_ne!(proof, welcome_proof(b"another-token", &challenge, &client, layout));
 }
@@ -263,13 +265,24 @@ fn ranges_outside_the_shard_and_workers_of_another_run_are_refused() {
     net.joined_worker(1, 0, 4, &[1.0, 1.0]);
     assert!(is_error(&net.push(1, 1, vec![1.0, 1.0]), ErrorCode::BadRange));
     assert!(is_error(&net.call(1, Frame::Pull { offset: 0, len: 0 }), ErrorCode::BadRange));
-    // A worker whose run has another length would decay the schedule differently.
-    for total_steps in [STEPS + 1, 0] {
-        net.connect(2);
-        let other = net.hello(2, TOKEN, Peer::Worker { group: 1, rank: 0, attempt: 0 }, 4, total_steps);
-        assert!(is_error(&net.call(2, other), ErrorCode::Mismatch), "a run of {total_steps} steps");
-        assert!(net.closed.remove(&2));
-    }
+    // A worker must say how long its run is.
+    net.connect(2);
+    let none = net.hello(2, TOKEN, Peer::Worker { group: 1, rank: 0, attempt: 0 }, 4, 0);
+    assert!(is_error(&net.call(2, none), ErrorCode::Mismatch), "a run of 0 steps");
+    assert!(net.closed.remove(&2));
+}
+
+#[test]
+fn a_worker_whose_plan_counts_other_steps_is_welcomed_with_the_runs_length() {
+    // A group added by scaling an `epochs` job splits each epoch over more ranks, so its own
+    // plan has fewer steps: it runs the job's, and the schedule keeps its length.
+    let mut net = Net::new(config(PsMode::Sync, 1, 0));
+    net.joined_worker(1, 0, 4, &[1.0, 1.0, 1.0, 1.0]);
+    net.connect(2);
+    let fewer = net.hello(2, TOKEN, Peer::Worker { group: 1, rank: 0, attempt: 0 }, 4, STEPS * 2 / 3);
+    let Frame::Welcome { total_steps, .. } = net.call(2, fewer) else { panic!("welcome expected") };
+    assert_eq!(total_steps, STEPS);
+    assert!(!net.closed.contains(&2));
 }
 
 #[test]
