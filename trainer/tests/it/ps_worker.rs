@@ -7,6 +7,18 @@ use std::io::Read;
 
 use crate::ps_common::{Job, addrs, loopback_endpoints};
 
+/// The last line of worker `g`/`r`, which must have exited 0 with a `finished` line.
+fn finished(job: &Job, g: u32, r: u32, mut child: std::process::Child) -> serde_json::Value {
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let status = child.wait().unwrap();
+    let log = std::fs::read_to_string(job.dir.path().join(format!("worker-{g}-{r}.log"))).unwrap_or_default();
+    assert!(status.success(), "worker {g}/{r} failed:\n{out}\n{log}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "finished", "worker {g}/{r}");
+    last
+}
+
 fn run_job(algorithm: &str) {
     let job = Job::with_spec(serde_json::json!({
         "model": {"kind": "mlp", "hidden": [32]},
@@ -28,15 +40,8 @@ fn run_job(algorithm: &str) {
         .flat_map(|g| (0..2).map(move |r| (g, r)))
         .map(|(g, r)| (g, r, job.spawn_worker(g, r)))
         .collect();
-    for (g, r, mut child) in workers {
-        let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        let status = child.wait().unwrap();
-        let log =
-            std::fs::read_to_string(job.dir.path().join(format!("worker-{g}-{r}.log"))).unwrap_or_default();
-        assert!(status.success(), "worker {g}/{r} failed:\n{out}\n{log}");
-        let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-        assert_eq!(last["event"], "finished");
+    for (g, r, child) in workers {
+        let last = finished(&job, g, r, child);
         assert_eq!(last["steps"], 40);
         assert!(last["accuracy"].as_f64().unwrap() >= 0.9, "worker {g}/{r}: {last}");
     }
@@ -95,15 +100,8 @@ fn a_group_added_to_an_epochs_job_runs_the_jobs_step_count() {
     std::fs::write(&path, config.to_json()).unwrap();
     job.write_topology(&ps, &[loopback_endpoints(1), loopback_endpoints(1), loopback_endpoints(1)]);
     workers.push((2, job.spawn_worker(2, 0)));
-    for (g, mut child) in workers {
-        let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        let status = child.wait().unwrap();
-        let log =
-            std::fs::read_to_string(job.dir.path().join(format!("worker-{g}-0.log"))).unwrap_or_default();
-        assert!(status.success(), "worker {g}/0 failed:\n{out}\n{log}");
-        let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-        assert_eq!(last["event"], "finished");
+    for (g, child) in workers {
+        let last = finished(&job, g, 0, child);
         assert_eq!(last["steps"], 150, "group {g} runs the job's 3 epochs of 50 steps: {last}");
     }
 }
