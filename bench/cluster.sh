@@ -96,4 +96,4 @@ for link in $LINKS; do
     python3 bench/plan_check.py "$TANDEM" "${PLAN_JOB:-examples/mnist-hybrid.yaml}" "$link" "$NODES" "$OUT/$link" $NODE_ARGS
 done
 PY=$(bench/plot-python.sh)
-TTA_MODELS=${TTA_MODELS-resnet20 vgg-dense} $PY bench/plot_cluster.py "$OUT" "${TARGET:-0.90}" $LINKS
+$PY bench/plot_cluster.py "$OUT" "${TARGET:-0.90}" $LINKS

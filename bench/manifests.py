@@ -44,6 +44,18 @@ def algorithm_text(example):
     return Path(__file__).resolve().parent.parent.joinpath("examples", f"mnist-{example}.yaml").read_text()
 
 
+def with_steps(text, steps):
+    """`text` running `steps` steps (its `steps:` or `epochs:` line replaced)."""
+    return re.sub(r"^( *)(steps|epochs):.*$", lambda m: f"{m.group(1)}steps: {steps}", text, count=1, flags=re.M)
+
+
+def with_eval(text, every):
+    """`text` evaluated every `every` steps (0: only at the end), whatever it said before."""
+    text = re.sub(r"^ *evalEverySteps:.*\n", "", text, flags=re.M)
+    return re.sub(r"^( *)training:$", lambda m: f"{m.group(0)}\n{m.group(1)}  evalEverySteps: {every}", text,
+                  count=1, flags=re.M)
+
+
 def manifest(algorithm, model=None, data=None, steps=None, eval_every=None):
     """The example of `algorithm` with `model` (a MODELS key) and `data` (a `data:` value) put in,
     `steps` steps, evaluated every `eval_every` steps (None: only at the end), without checkpoints."""
@@ -61,11 +73,8 @@ def manifest(algorithm, model=None, data=None, steps=None, eval_every=None):
         text = _set(text, "data", data)
     text = re.sub(r"^ *(evalEverySteps|checkpoint):.*\n", "", text, flags=re.M)
     if steps is not None:
-        text = re.sub(r"^( *)(steps|epochs):.*$", lambda m: f"{m.group(1)}steps: {steps}", text, count=1, flags=re.M)
-    if eval_every is not None:
-        text = re.sub(r"^( *)training:$", lambda m: f"{m.group(0)}\n{m.group(1)}  evalEverySteps: {eval_every}",
-                      text, count=1, flags=re.M)
-    return text
+        text = with_steps(text, steps)
+    return text if eval_every is None else with_eval(text, eval_every)
 
 
 def main():

@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from manifests import with_eval, with_steps  # noqa: E402
+
 # Steps between a worker group's progress lines (trainer/src/worker/mod.rs, PROGRESS_EVERY).
 PROGRESS_EVERY = 10
 
@@ -46,13 +49,9 @@ def measure(tandem, manifest, out, node_args, steps):
     """Steady samples/s of one run: progress samples over wall time, from the second progress line
     (start-up left out) to the last one before the final step (whose line comes after the final
     evaluation: the run is stopped there, so the evaluation is neither timed nor waited for)."""
-    text = re.sub(r"^( *)steps: *\d+", lambda m: f"{m.group(1)}steps: {steps}", Path(manifest).read_text(), flags=re.M)
-    text = re.sub(r"^( *)epochs:.*\n", "", text, flags=re.M)
     # Evaluated only at the end: a progress line repeats the last evaluation's accuracy, so with the
     # default cadence (every 100 steps) no line after the first evaluation could be told apart.
-    text = re.sub(r"^ *evalEverySteps:.*\n", "", text, flags=re.M)
-    text = re.sub(r"^( *)training:$", lambda m: f"{m.group(0)}\n{m.group(1)}  evalEverySteps: 0", text, count=1, flags=re.M)
-    Path(manifest).write_text(text)
+    Path(manifest).write_text(with_eval(with_steps(Path(manifest).read_text(), steps), 0))
     points, reached = [], False
     last = steps - PROGRESS_EVERY
     cmd = [tandem, "train", "--output", "json", "-f", manifest, "--output-dir", out, "--data-dir", "data", *node_args]

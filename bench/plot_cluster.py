@@ -1,17 +1,15 @@
 #!/usr/bin/env python3
 """Table and plot of the cluster-in-a-box benchmark (bench/cluster.sh).
 
-Usage: [TTA_MODELS="resnet20 vgg-dense"] plot_cluster.py OUTDIR TARGET LINK...
-         ->  OUTDIR/table.md, OUTDIR/cluster.png, OUTDIR/cluster.svg
+Usage: plot_cluster.py OUTDIR TARGET LINK...  ->  OUTDIR/table.md, OUTDIR/cluster.png, OUTDIR/cluster.svg
 
 OUTDIR/<link>/ holds bench/tta.sh's results for one link rate with the MLP, OUTDIR/<link>/tta-<model>/
-those of each model of TTA_MODELS (with their own targets). Per algorithm and link: samples/s over
+those of each other model (with their own targets). Per algorithm and link: samples/s over
 the whole job (an epoch's time is the data set over it), the epoch speed-up over the default PS
 (ps-sync; MXNET-MPI reports 6× for its MPI algorithms), and time to TARGET test accuracy with its
 ratio to MPI-ESGD's (MXNET-MPI: MPI-ESGD converges more than 2× faster than the other methods); for
 each other model, time and samples to its target with the ratio to MPI-ESGD's.
 """
-import os
 import re
 import statistics
 import sys
@@ -112,8 +110,7 @@ def main():
         "(here: '÷ easgd', each algorithm's time to the target over MPI-ESGD's; > 2 means the claim holds "
         "against it).",
     ]
-    models = [m for m in os.environ.get("TTA_MODELS", "resnet20 vgg-dense").split()
-              if any((out / link / f"tta-{m}").exists() for link in links)]
+    models = sorted({d.name.removeprefix("tta-") for link in links for d in (out / link).glob("tta-*")})
     panels = [("mlp", target, table)]
     for m in models:
         lines_m, target_m, table_m = model_table(out, m, links, target)
