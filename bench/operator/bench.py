@@ -16,8 +16,12 @@ and records
 and writes them as one JSON object. Pods are placed round-robin on the kwok nodes through nodeName in the
 pod templates (the control plane runs no scheduler), the same placement for both operators.
 
+With --creates-alone it measures creation only, with no operator running: both kinds in alternating rounds
+(created, timed, deleted again), the client's wall time and the API server's CPU seconds, medians.
+
 Usage: bench.py --kind tandem|mpi --ns NS --jobs N --nodes N --pid PID [--metrics-url URL] [--log FILE]
                 --out FILE [--timeout S]
+       bench.py --creates-alone --jobs N [--rounds R] --out FILE
 """
 
 import argparse
@@ -239,19 +243,79 @@ class PodWatch(threading.Thread):
             return len(self.seen), len(self.running)
 
 
+def apiserver_pid():
+    """The control plane's kube-apiserver, from the pids file cluster-up.sh writes."""
+    with open(os.path.join(CLUSTER, "pids")) as f:
+        for line in f:
+            name, _, pid = line.strip().partition(" ")
+            if name == "kube-apiserver":
+                return int(pid)
+    die(f"no kube-apiserver in {CLUSTER}/pids")
+
+
+def creates_alone(a):
+    """Creation with no operator running: each kind in turn creates --jobs objects in a namespace of its
+    own (the same client, threads and objects as a run), the client's wall time and the API server's CPU
+    seconds are taken, and the objects are deleted again (deletecollection, waited for) so that every
+    round starts from the same stored state. Rounds alternate the kinds; the medians are reported."""
+    api = Api()
+    pid = apiserver_pid()
+    rounds = {kind: [] for kind in KINDS}
+    for r in range(a.rounds):
+        for kind in (KINDS if r % 2 == 0 else list(KINDS)[::-1]):
+            ns = f"creates-{kind}"
+            api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                        "metadata": {"name": ns}}, ok=(201, 409))
+            path, make = KINDS[kind]
+            path = path.format(ns=ns)
+            cpu0, t0 = proc_status(pid)["cpu_s"], time.monotonic()
+            with ThreadPoolExecutor(a.create_threads) as ex:
+                list(ex.map(lambda i: api.request("POST", path, make(f"bench-{i:04d}", "bench-node-000")),
+                            range(a.jobs)))
+            wall, cpu = time.monotonic() - t0, proc_status(pid)["cpu_s"] - cpu0
+            rounds[kind].append({"create_s": wall, "apiserver_cpu_s": cpu})
+            print(f"bench.py [creates, round {r + 1}/{a.rounds}] {kind}: {a.jobs} in {wall:.2f} s, "
+                  f"API server {cpu:.2f} CPU-s", file=sys.stderr)
+            api.request("DELETE", path)
+            deadline = time.monotonic() + 300
+            while api.request("GET", f"{path}?limit=1")["items"]:
+                if time.monotonic() > deadline:
+                    die(f"the {kind} objects of {ns} were not deleted in 300 s")
+                time.sleep(0.5)
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    result = {kind: {"rounds": rs, "create_s": median([x["create_s"] for x in rs]),
+                     "apiserver_cpu_s": median([x["apiserver_cpu_s"] for x in rs])}
+              for kind, rs in rounds.items()}
+    result["jobs"] = a.jobs
+    with open(a.out, "w") as f:
+        json.dump(result, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=KINDS, required=True)
-    ap.add_argument("--ns", required=True)
+    ap.add_argument("--kind", choices=KINDS)
+    ap.add_argument("--ns")
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--nodes", type=int, default=50)
-    ap.add_argument("--pid", type=int, required=True)
+    ap.add_argument("--pid", type=int)
     ap.add_argument("--metrics-url")
     ap.add_argument("--log")
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--create-threads", type=int, default=4)
+    ap.add_argument("--creates-alone", action="store_true",
+                    help="measure creation with no operator, both kinds, --rounds alternating rounds")
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    if a.creates_alone:
+        creates_alone(a)
+        return
+    if a.kind is None or a.ns is None or a.pid is None:
+        die("a run needs --kind, --ns and --pid (the operator's process)")
     if a.kind == "tandem" and not a.metrics_url:
         die("--metrics-url is needed for tandem")
     if a.kind == "mpi" and not a.log:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Side-by-side table of the operator benchmark (bench/operator/run.sh), with ratios Tandem / MPI Operator.
 
-Reads OUT/run-tandem.json and OUT/run-mpi.json (bench.py's records), prints the table, writes
+Reads OUT/run-tandem.json and OUT/run-mpi.json (bench.py's records) and OUT/creates.json (creation with no
+operator running, where run.sh measured it), prints the tables, writes
 OUT/operator.json (both records without the per-pod times, and the ratios) and, where matplotlib is there,
 OUT/operator.png (pods existing and Running over time, and operator RSS, for both operators).
 
@@ -80,7 +81,23 @@ def main():
         top = list(r["apiserver_requests"].items())[:8]
         print(f"  API requests during the {kind} run, top: " + ", ".join(f"{k} {v}" for k, v in top))
 
-    summary = {"bench": "operator", "mpi_operator_version": a.mpi_operator_version, "mpi_operator_qps_burst": a.mpi_qps,
+    # Creation alone: both kinds created with no operator running (bench.py --creates-alone), so that the
+    # ratio is the API server's own cost per object (schema, defaulting, CEL rules, storage), not the
+    # contention of an operator working on the jobs being created.
+    creates = None
+    p = os.path.join(a.out, "creates.json")
+    if os.path.exists(p):
+        creates = json.load(open(p))
+        tc, mc = creates["tandem"], creates["mpi"]
+        n = len(tc["rounds"])
+        print(f"\nCreation alone, no operator running ({creates['jobs']} objects, median of {n} alternating rounds)")
+        print(f"{'':32} {'TrainingJob':>12} {'MPIJob':>13} {'Tandem/MPI':>11}")
+        for label, key in (("created by the client (s)", "create_s"), ("API server CPU (s)", "apiserver_cpu_s")):
+            ratio = tc[key] / mc[key] if mc[key] else None
+            ratios[f"creation alone: {label}"] = ratio
+            print(f"{label:32} {fmt(tc[key]):>12} {fmt(mc[key]):>13} {fmt(ratio, 'x'):>11}")
+
+    summary = {"bench": "operator", "creates_alone": creates, "mpi_operator_version": a.mpi_operator_version, "mpi_operator_qps_burst": a.mpi_qps,
                "ratio_tandem_over_mpi": ratios,
                "runs": {k: {x: v for x, v in r.items() if x not in ("pod_seen_times", "pod_running_times")}
                         for k, r in runs.items()}}

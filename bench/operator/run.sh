@@ -6,9 +6,13 @@
 # namespace of its own, which is deleted (and waited for) before the next. bench.py measures each run; at
 # the end report.py prints the table with ratios and writes target/bench/operator/{operator.json,operator.png}.
 #
+# Before the runs, both kinds are created with no operator running (bench.py --creates-alone): the API
+# server's own cost per object, without the contention of an operator working on the jobs as they come.
+#
 # Usage: bench/operator/run.sh        (or: make bench-operator)
 # Environment: N_JOBS (1000), N_NODES (50), OPERATORS ("tandem mpi"), BENCH_TIMEOUT (seconds a run may take,
-#   1800), MPI_OPERATOR_QPS / MPI_OPERATOR_BURST (its client-side API rate limit; default 1000/2000, i.e. as
+#   1800), CREATE_ROUNDS (alternating rounds of creation alone, 5; 0 skips it),
+#   MPI_OPERATOR_QPS / MPI_OPERATOR_BURST (its client-side API rate limit; default 1000/2000, i.e. as
 #   unthrottled as tandem-operator's kube-rs client, which has none; the MPI Operator's own defaults are 5/10),
 #   MPI_OPERATOR_QUEUE_RATE / MPI_OPERATOR_QUEUE_BURST (the token bucket every enqueue of its work queue
 #   passes; default 1000/10000, its own defaults are 10/100; its per-job exponential backoff stays as it is),
@@ -20,6 +24,7 @@ N_JOBS="${N_JOBS:-1000}"
 N_NODES="${N_NODES:-50}"
 OPERATORS="${OPERATORS:-tandem mpi}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-1800}"
+CREATE_ROUNDS="${CREATE_ROUNDS:-5}"
 MPI_OPERATOR_QPS="${MPI_OPERATOR_QPS:-1000}"
 MPI_OPERATOR_BURST="${MPI_OPERATOR_BURST:-2000}"
 MPI_OPERATOR_QUEUE_RATE="${MPI_OPERATOR_QUEUE_RATE:-1000}"
@@ -98,6 +103,16 @@ until [ "$(kubectl get nodes -l type=kwok -o jsonpath="$jp" | grep -c True)" -ge
     || die "kwok did not mark the $N_NODES fake nodes Ready in 120 s (log: $TANDEM_CLUSTER_DIR/logs/kwok.log)"
   sleep 1
 done
+
+# ---- creation alone ------------------------------------------------------------------------------------
+# Both kinds created with no operator running, CREATE_ROUNDS alternating rounds (deleted between rounds):
+# the API server's own cost per object, which the runs below see mixed with their operator's work.
+rm -f "$OUT/creates.json"
+if [ "$CREATE_ROUNDS" -gt 0 ]; then
+  log "creation alone: $N_JOBS TrainingJobs and $N_JOBS MPIJobs, $CREATE_ROUNDS rounds, no operator running"
+  python3 bench/operator/bench.py --creates-alone --jobs "$N_JOBS" --rounds "$CREATE_ROUNDS" \
+    --out "$OUT/creates.json" || die "measuring creation alone failed; see above"
+fi
 
 # ---- one operator's run -------------------------------------------------------------------------------
 run_tandem() {
