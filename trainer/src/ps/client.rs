@@ -267,6 +267,30 @@ impl PsClient {
         self.config.peer
     }
 
+    /// The steps of `group` whose contributions reached every shard whole (each shard's record
+    /// of the group's last whole step + 1, the least over the shards), kept across the group's
+    /// restarts; `None` when a shard that holds part of the vector has no record (nothing pushed
+    /// yet, or the shard restarted from a checkpoint, whose weights lost the steps since).
+    pub fn contributed(&mut self, group: u32) -> Result<Option<u64>, ClientError> {
+        let mut least: Option<u64> = None;
+        for index in 0..self.conns.len() {
+            let status = self.status(index)?;
+            let (start, end) = (status["range"]["start"].as_u64(), status["range"]["end"].as_u64());
+            if start.is_some() && start == end {
+                continue;
+            }
+            let record = status["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|g| g["group"].as_u64() == Some(u64::from(group)))
+                .and_then(|g| g["contributed"].as_u64());
+            let Some(steps) = record else { return Ok(None) };
+            least = Some(least.map_or(steps, |l| l.min(steps)));
+        }
+        Ok(least)
+    }
+
     /// The furthest step `group` reported to any shard, with its ranks' data cursors after that
     /// step (kept across the group's restarts while the shard runs, and in the shard's
     /// checkpoints; `None` when it reported nothing).
@@ -547,14 +571,15 @@ impl PsClient {
         Ok(())
     }
 
-    /// Pushes `values` for `offset..` (a gradient, or an elastic difference in EASGD mode).
-    pub fn push(&mut self, offset: u64, values: &[f32]) -> Result<(), ClientError> {
+    /// Pushes `values` for `offset..` (a gradient, or an elastic difference in EASGD mode), the
+    /// contribution of the group's step `step` (from 0).
+    pub fn push(&mut self, step: u64, offset: u64, values: &[f32]) -> Result<(), ClientError> {
         let frames = self
             .pieces(offset, values.len() as u64)?
             .into_iter()
             .map(|(i, at, n)| {
                 let a = (at - offset) as usize;
-                (i, Frame::Push { offset: at, values: values[a..a + n as usize].to_vec() })
+                (i, Frame::Push { offset: at, step, values: values[a..a + n as usize].to_vec() })
             })
             .collect();
         let replies = self.exchange("push", frames)?;

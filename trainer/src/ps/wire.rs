@@ -45,8 +45,9 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// client's nonce, the welcome the server's proof), one frame of at most [`MAX_HELLO_FRAME`]
 /// bytes before the hello, and the [`ErrorCode::Busy`] refusal. Version 5: a report carries the
 /// group's share of time waiting on data and its skipped samples. Version 6: and its ranks' data
-/// cursors.
-pub const PROTOCOL_VERSION: u8 = 7;
+/// cursors. Version 7: the welcome carries the run's step count. Version 8: a push carries the step
+/// it belongs to.
+pub const PROTOCOL_VERSION: u8 = 8;
 
 /// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
 pub const MAX_HELLO_FRAME: usize = 128;
@@ -118,7 +119,7 @@ pub fn welcome_proof(
 pub const HEADER_LEN: usize = 8;
 /// Default largest body accepted: 16 MiB. Clients split larger pushes and pulls into pieces.
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
-/// Body bytes of a push, init or weights frame besides the floats (kind, offset, count), with margin.
+/// Body bytes of a push, init or weights frame besides the floats (kind, offset, step, count), with margin.
 const VALUES_OVERHEAD: usize = 64;
 
 /// The most floats one push, init or weights frame may carry under a body limit of `max_frame`.
@@ -254,6 +255,10 @@ pub enum Frame {
     Push {
         /// Global offset of the first value.
         offset: u64,
+        /// The group's step (from 0) the contribution belongs to: the shard keeps the group's last
+        /// step whose contribution reached it whole, where a restarted group continues in the
+        /// asynchronous modes.
+        step: u64,
         /// The values.
         values: Vec<f32>,
     },
@@ -483,8 +488,9 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         }
         Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left | Frame::GetState => {}
         Frame::PutState { values } | Frame::ModelState { values } => w.floats(values),
-        Frame::Push { offset, values } => {
+        Frame::Push { offset, step, values } => {
             w.u64(*offset);
+            w.u64(*step);
             w.floats(values);
         }
         Frame::Pull { offset, len } => {
@@ -584,7 +590,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
         0x02 => Frame::Init { offset: r.u64()?, values: r.floats()? },
         0x03 => Frame::Join,
         0x04 => Frame::Leave,
-        0x05 => Frame::Push { offset: r.u64()?, values: r.floats()? },
+        0x05 => Frame::Push { offset: r.u64()?, step: r.u64()?, values: r.floats()? },
         0x06 => Frame::Pull { offset: r.u64()?, len: r.u64()? },
         0x07 => {
             let step = r.u64()?;
@@ -843,8 +849,8 @@ mod tests {
             Frame::Init { offset: 7, values: vec![1.0, -2.5, 3.25] },
             Frame::Join,
             Frame::Leave,
-            Frame::Push { offset: 9, values: vec![0.5; 5] },
-            Frame::Push { offset: 0, values: vec![] },
+            Frame::Push { offset: 9, step: 41, values: vec![0.5; 5] },
+            Frame::Push { offset: 0, step: 0, values: vec![] },
             Frame::Pull { offset: 4, len: 100 },
             Frame::PutState { values: vec![0.5, -1.25] },
             Frame::GetState,
@@ -1002,7 +1008,7 @@ mod tests {
     fn chunk_size_leaves_room_for_the_header_fields() {
         let n = max_values_per_frame(1024);
         let mut buf = Vec::new();
-        encode(&Frame::Push { offset: u64::MAX, values: vec![0.0; n] }, &mut buf);
+        encode(&Frame::Push { offset: u64::MAX, step: 0, values: vec![0.0; n] }, &mut buf);
         assert!(buf.len() - HEADER_LEN <= 1024);
     }
 }

@@ -11,9 +11,12 @@
 //! resumes its step count from the PS: in sync mode
 //! from its clock on joining (the shards' update count, which every member group has reached,
 //! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
-//! count one group's steps, from the furthest step the group reported before it failed (kept in
-//! PS checkpoints too, up to the checkpoint's version, so it survives a PS restart). Rank 0's value
-//! is broadcast, so every rank of the group agrees. A group the servers do not know starts at 0.
+//! count one group's steps, after the last step whose contributions every shard applied whole
+//! (each push carries its step, and each shard keeps the group's last whole one,
+//! [`PsClient::contributed`]), so that no step is trained twice; where a shard has no such record
+//! (it restarted from a checkpoint, whose weights lost the steps since), from the furthest step the
+//! group reported (kept in PS checkpoints, up to the checkpoint's version). Rank 0's value is
+//! broadcast, so every rank of the group agrees. A group the servers do not know starts at 0.
 //! Every report carries each rank's data cursor after the reported step, which the servers keep
 //! with the group's progress (and in their checkpoints); a restarted rank continues its stream at
 //! its cursor and reads its way to the step it resumes at ([`PsStep::resume_cursor`]), so that
@@ -96,7 +99,15 @@ impl<C: Communicator> PsStep<C> {
                 let start = match client.mode() {
                     _ if attempt == 0 && reported.is_none() => 0,
                     PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
-                    PsMode::Async { .. } | PsMode::Elastic { .. } => reported.as_ref().map_or(0, |r| r.step),
+                    // After the last step whose contributions every shard applied whole: no step
+                    // is trained twice, and one whose contribution some shard missed (or, in the
+                    // elastic mode, one trained only locally since the last exchange) again.
+                    PsMode::Async { .. } | PsMode::Elastic { .. } => {
+                        match client.contributed(group).map_err(ps_err)? {
+                            Some(steps) => steps,
+                            None => reported.as_ref().map_or(0, |r| r.step),
+                        }
+                    }
                 };
                 (start, reported)
             }
@@ -187,7 +198,7 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                     )));
                 }
                 if !b.is_empty() {
-                    self.client.push(b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
+                    self.client.push(step, b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
                     self.client.pull(b.start as u64, &mut params[b.clone()]).map_err(ps_err)?;
                 }
                 self.comm.allgather(params).map_err(super::collective)?;
@@ -207,7 +218,7 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                             *x -= e;
                             *c = e;
                         }
-                        self.client.push(b.start as u64, &self.scratch).map_err(ps_err)?;
+                        self.client.push(step, b.start as u64, &self.scratch).map_err(ps_err)?;
                     }
                     self.comm.allgather(params).map_err(super::collective)?;
                 }

@@ -231,7 +231,7 @@ fn a_ps_refuses_the_checkpoint_of_another_job_or_configuration() {
         tandem::ps::client::PsClient::connect(worker_config(&[ps.addr.clone()], 0, 0, 0, 4)).unwrap();
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
-    client.push(0, &[0.25; 4]).unwrap();
+    client.push(0, 0, &[0.25; 4]).unwrap();
     let status = ps.terminate();
     assert_eq!(
         status.code(),

@@ -211,6 +211,14 @@ fn a_ps_jobs_group_stopped_mid_epoch_and_restarted_sees_every_sample_of_the_epoc
     stopped_mid_epoch_and_restarted("ps-sync");
 }
 
+#[test]
+fn a_ps_async_jobs_group_stopped_mid_epoch_and_restarted_trains_no_step_twice() {
+    // The async shards' clocks do not count one group's steps: the group resumes after the last
+    // step whose push every shard applied whole, not at its last report (up to 9 steps earlier),
+    // and its ranks read their way there from that report's cursors.
+    stopped_mid_epoch_and_restarted("ps-async");
+}
+
 /// A group of 2 `tandem worker`s on tar shards with unreadable samples early in each rank's run
 /// (so each rank's stream is shifted), stopped by SIGTERM mid-epoch and restarted: the epoch's
 /// batches are an uninterrupted run's, every readable sample seen once.

@@ -72,7 +72,7 @@ fn hostile_bytes_and_wrong_tokens_are_refused_while_training_goes_on() {
     let training = std::thread::spawn(move || {
         let mut w = vec![0.0; n];
         for _ in 0..steps {
-            trainer.push(0, &vec![1.0; n]).unwrap();
+            trainer.push(0, 0, &vec![1.0; n]).unwrap();
             trainer.pull(0, &mut w).unwrap();
         }
         w
@@ -120,7 +120,7 @@ fn hostile_bytes_and_wrong_tokens_are_refused_while_training_goes_on() {
     assert!(refused_with(reply(&mut s), ErrorCode::UnknownFrame));
     s.write_all(&[0, 0, 0, 3, b'T', b'P', PROTOCOL_VERSION, 0x06, 1, 2, 3]).unwrap();
     assert!(refused_with(reply(&mut s), ErrorCode::Malformed));
-    send(&mut s, &Frame::Push { offset: 0, values: vec![9.0; 8] });
+    send(&mut s, &Frame::Push { offset: 0, step: 0, values: vec![9.0; 8] });
     assert!(refused_with(reply(&mut s), ErrorCode::Protocol), "observers cannot push");
     send(&mut s, &Frame::StatusRequest);
     let Frame::Status(json) = reply(&mut s) else { panic!("status expected") };
@@ -158,7 +158,7 @@ fn a_killed_ps_replica_resumes_from_its_checkpoint_shard() {
     let mut history = vec![init.clone()];
     let mut w = init.clone();
     for t in 0..12 {
-        client.push(0, &grad(t)).unwrap();
+        client.push(t, 0, &grad(t)).unwrap();
         client.pull(0, &mut w).unwrap();
         history.push(w.clone());
     }
@@ -166,7 +166,7 @@ fn a_killed_ps_replica_resumes_from_its_checkpoint_shard() {
     let (a, b) = (shard1.start as usize, shard1.end as usize);
 
     ps[1].kill();
-    let err = client.push(0, &grad(12)).err().or_else(|| {
+    let err = client.push(12, 0, &grad(12)).err().or_else(|| {
         let mut w = vec![0.0; n];
         client.pull(0, &mut w).err()
     });
@@ -192,7 +192,7 @@ fn a_killed_ps_replica_resumes_from_its_checkpoint_shard() {
 
     // Training goes on against the restarted replica.
     for t in 13..20 {
-        client.push(0, &grad(t)).unwrap();
+        client.push(t, 0, &grad(t)).unwrap();
         client.pull(0, &mut now).unwrap();
     }
     assert_eq!(observer.status(1).unwrap()["version"], 17);
@@ -208,7 +208,7 @@ fn a_gracefully_stopped_ps_loses_no_update() {
     client.join().unwrap();
     let mut w = [0.0f32; 4];
     for _ in 0..7 {
-        client.push(0, &[0.25; 4]).unwrap();
+        client.push(0, 0, &[0.25; 4]).unwrap();
         client.pull(0, &mut w).unwrap();
     }
     let status = ps.terminate();
@@ -235,7 +235,7 @@ fn a_restarted_ps_keeps_each_groups_reported_step_and_data_cursors_for_its_resta
     let mut client = PsClient::connect(worker_config(&servers, 0, 0, 0, 4)).unwrap();
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
-    client.push(0, &[0.25; 4]).unwrap();
+    client.push(0, 0, &[0.25; 4]).unwrap();
     let reported = wire::Progress {
         step: 42,
         loss: Some(0.5),

@@ -48,7 +48,7 @@ fn sync_applies_the_mean_of_every_group_once_per_step_across_shards() {
                 for t in 0..steps {
                     // Group g's gradient at step t: (g + 1)·(t + 1) everywhere.
                     let grad = vec![((g + 1) as f32) * (t + 1) as f32; w.len()];
-                    client.push(a, &grad).unwrap();
+                    client.push(t, a, &grad).unwrap();
                     client.pull(a, &mut w).unwrap();
                     // Sync: after step t every group sees exactly the mean of all groups' gradients
                     // of steps 0..=t subtracted, never a partial step.
@@ -95,11 +95,11 @@ fn bounded_staleness_holds_a_fast_group_until_the_slowest_moves() {
     slow.join().unwrap();
     let mut w = [0.0f32; 4];
     // One step ahead of the slowest is within s = 1.
-    fast.push(0, &[1.0; 4]).unwrap();
+    fast.push(0, 0, &[1.0; 4]).unwrap();
     fast.pull(0, &mut w).unwrap();
     assert_eq!(w, [-1.0; 4], "async applies a push at once");
     // A second step would put it two ahead: its pull waits.
-    fast.push(0, &[1.0; 4]).unwrap();
+    fast.push(0, 0, &[1.0; 4]).unwrap();
     let (tx, rx) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let mut w = [0.0f32; 4];
@@ -111,7 +111,7 @@ fn bounded_staleness_holds_a_fast_group_until_the_slowest_moves() {
         observer.status(0).unwrap()["waiting_pulls"] == 1
     });
     assert!(rx.try_recv().is_err(), "the pull must not be answered while the group is 2 steps ahead");
-    slow.push(0, &[1.0; 4]).unwrap();
+    slow.push(0, 0, &[1.0; 4]).unwrap();
     assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(true));
     let (_fast, w) = waiter.join().unwrap();
     assert_eq!(w, [-3.0; 4], "released with every contribution applied");
@@ -134,7 +134,7 @@ fn async_with_a_loose_bound_never_waits_for_an_idle_group() {
     idle.join().unwrap();
     let mut w = vec![0.0; TOTAL as usize];
     for t in 1..=25 {
-        busy.push(0, &vec![0.5; TOTAL as usize]).unwrap();
+        busy.push(t - 1, 0, &vec![0.5; TOTAL as usize]).unwrap();
         let version = busy.pull(0, &mut w).unwrap();
         assert_eq!(version, t);
     }
@@ -161,10 +161,10 @@ fn groups_join_with_current_weights_and_sync_stops_waiting_for_groups_that_leave
         |x: &mut PsClient, gx: f32, wx: &mut Vec<f32>, y: &mut PsClient, gy: f32, wy: &mut Vec<f32>| {
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    y.push(0, &vec![gy; n]).unwrap();
+                    y.push(0, 0, &vec![gy; n]).unwrap();
                     y.pull(0, wy).unwrap();
                 });
-                x.push(0, &vec![gx; n]).unwrap();
+                x.push(0, 0, &vec![gx; n]).unwrap();
                 x.pull(0, wx).unwrap();
             });
         };
@@ -196,7 +196,7 @@ fn groups_join_with_current_weights_and_sync_stops_waiting_for_groups_that_leave
         let s = observer.status(0).unwrap();
         s["groups"].as_array().unwrap().iter().filter(|g| g["member"] == true).count() == 1
     });
-    a.push(0, &vec![1.0; n]).unwrap();
+    a.push(0, 0, &vec![1.0; n]).unwrap();
     a.pull(0, &mut w).unwrap();
     assert_eq!(w[0], -8.0);
 }
@@ -223,7 +223,7 @@ fn easgd_moves_the_centre_by_each_elastic_difference() {
             assert_eq!(c, centre, "round {round} group {g} reads the centre");
             let e: Vec<f32> = local[g].iter().zip(&c).map(|(x, c)| alpha * (x - c)).collect();
             local[g].iter_mut().zip(&e).for_each(|(x, e)| *x -= e);
-            workers[g].push(0, &e).unwrap();
+            workers[g].push(round, 0, &e).unwrap();
             centre.iter_mut().zip(&e).for_each(|(c, e)| *c += e);
         }
     }

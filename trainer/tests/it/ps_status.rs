@@ -174,7 +174,7 @@ fn the_status_endpoint_serves_reported_progress_to_the_token_only() {
         // A client that connects and says nothing, then goes away, costs only its connection.
         let _silent = TcpStream::connect(&status).unwrap();
     }
-    worker.push(0, &[0.25; 8]).unwrap();
+    worker.push(0, 0, &[0.25; 8]).unwrap();
     // A light report (no evaluation) keeps the latest accuracy.
     worker
         .report(Progress {

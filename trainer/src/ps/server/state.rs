@@ -207,6 +207,9 @@ struct Group {
     /// This step's gradient, as pushed so far (sync and async modes).
     grad: Vec<f32>,
     progress: Option<Progress>,
+    /// The group's steps whose contribution reached this shard whole (its last such step + 1),
+    /// kept across its attempts: where a restarted group continues in the asynchronous modes.
+    contributed: Option<u64>,
 }
 
 impl Group {
@@ -219,6 +222,7 @@ impl Group {
             pending: Coverage::default(),
             grad: Vec::new(),
             progress: None,
+            contributed: None,
         }
     }
 }
@@ -251,6 +255,9 @@ pub struct GroupStatus {
     /// Latest progress the group reported, with the latest accuracy and loss it ever reported
     /// (light reports carry none).
     pub progress: Option<Progress>,
+    /// The group's steps whose contribution reached this shard whole: its last such step + 1
+    /// (absent before its first, and after this shard restarted from a checkpoint).
+    pub contributed: Option<u64>,
 }
 
 /// The status frame's JSON body.
@@ -439,6 +446,7 @@ impl ShardState {
                 clock: g.clock,
                 connections: g.sessions.len(),
                 progress: g.progress.clone(),
+                contributed: g.contributed,
             })
             .collect();
         let progress = groups.iter().filter_map(|g| g.progress.clone()).max_by_key(|p| p.step);
@@ -559,7 +567,9 @@ impl ShardState {
                     }
                     out.push(Output::Send(session, Frame::Left));
                 }
-                Frame::Push { offset, values } => self.push(&mut out, session, group, offset, values),
+                Frame::Push { offset, step, values } => {
+                    self.push(&mut out, session, group, offset, step, values)
+                }
                 Frame::PutState { values } => match self.model_state.put(group, values) {
                     Ok(()) => {
                         let clock = self.groups.get(&group).map_or(0, |g| g.clock);
@@ -784,7 +794,15 @@ impl ShardState {
         self.groups.iter().filter(|(i, g)| g.member && Some(**i) != except).map(|(_, g)| g.clock).min()
     }
 
-    fn push(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, offset: u64, values: Vec<f32>) {
+    fn push(
+        &mut self,
+        out: &mut Vec<Output>,
+        session: SessionId,
+        group: u32,
+        offset: u64,
+        step: u64,
+        values: Vec<f32>,
+    ) {
         let mode = self.config.mode;
         let local = match self.local(offset, values.len() as u64) {
             Ok(r) => r,
@@ -837,6 +855,7 @@ impl ShardState {
         g.pending.insert(local);
         if g.pending.covered == len {
             g.clock += 1;
+            g.contributed = Some(step.saturating_add(1));
             match mode {
                 PsMode::Sync => {}
                 PsMode::Async { .. } => {

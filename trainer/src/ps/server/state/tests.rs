@@ -121,7 +121,7 @@ impl Net {
     }
 
     fn push(&mut self, s: SessionId, offset: u64, values: Vec<f32>) -> Frame {
-        self.call(s, Frame::Push { offset, values })
+        self.call(s, Frame::Push { offset, step: 0, values })
     }
 
     /// Sends a pull and returns the weights if it was answered at once.
@@ -360,6 +360,32 @@ fn a_restarted_group_replaces_its_earlier_attempt() {
     net.push(3, 0, vec![2.0, 2.0]);
     net.push(4, 0, vec![4.0, 4.0]);
     assert_eq!(net.pull(4, 0, 2), Some(vec![-3.0, -3.0]), "the dead attempt's half push was dropped");
+}
+
+#[test]
+fn a_groups_last_whole_contribution_is_kept_across_its_restart() {
+    let mut net = Net::new(config(PsMode::Async { staleness: None }, 1, 0));
+    net.joined_worker(1, 0, 2, &[0.0, 0.0]);
+    net.worker(2, 0, 1, 0, 2);
+    let contributed = |net: &Net| net.shard.status().groups[0].contributed;
+    assert_eq!(contributed(&net), None, "nothing pushed yet");
+    for step in 0..2 {
+        net.call(1, Frame::Push { offset: 0, step, values: vec![1.0] });
+        let before = (step > 0).then_some(step);
+        assert_eq!(contributed(&net), before, "half of step {step} is not a whole contribution");
+        net.call(2, Frame::Push { offset: 1, step, values: vec![1.0] });
+        assert_eq!(contributed(&net), Some(step + 1), "both halves of step {step} arrived");
+    }
+    // Half of step 2, then the group dies: the shard still counts 2 whole steps, after the
+    // restart too, where the new attempt continues.
+    net.call(1, Frame::Push { offset: 0, step: 2, values: vec![1.0] });
+    net.worker(3, 0, 0, 1, 2);
+    assert_eq!(contributed(&net), Some(2));
+    assert!(matches!(net.call(3, Frame::Join), Frame::Joined { .. }));
+    net.call(3, Frame::Push { offset: 0, step: 2, values: vec![1.0, 1.0] });
+    assert_eq!(contributed(&net), Some(3));
+    let malformed = net.call(3, Frame::Push { offset: 0, step: u64::MAX, values: vec![1.0, 1.0] });
+    assert!(matches!(malformed, Frame::Ack { .. }), "a step at the end of the range is taken, not a panic");
 }
 
 #[test]
