@@ -6,7 +6,7 @@
 # namespace of its own, which is deleted (and waited for) before the next. bench.py measures each run; at
 # the end report.py prints the table with ratios and writes target/bench/operator/{operator.json,operator.png}.
 #
-# Before the runs, both kinds are created with no operator running (bench.py --creates-alone): the API
+# After the runs, both kinds are created with no operator running (bench.py --creates-alone): the API
 # server's own cost per object, without the contention of an operator working on the jobs as they come.
 #
 # Usage: bench/operator/run.sh        (or: make bench-operator)
@@ -104,16 +104,6 @@ until [ "$(kubectl get nodes -l type=kwok -o jsonpath="$jp" | grep -c True)" -ge
   sleep 1
 done
 
-# ---- creation alone ------------------------------------------------------------------------------------
-# Both kinds created with no operator running, CREATE_ROUNDS alternating rounds (deleted between rounds):
-# the API server's own cost per object, which the runs below see mixed with their operator's work.
-rm -f "$OUT/creates.json"
-if [ "$CREATE_ROUNDS" -gt 0 ]; then
-  log "creation alone: $N_JOBS TrainingJobs and $N_JOBS MPIJobs, $CREATE_ROUNDS rounds, no operator running"
-  python3 bench/operator/bench.py --creates-alone --jobs "$N_JOBS" --rounds "$CREATE_ROUNDS" \
-    --out "$OUT/creates.json" || die "measuring creation alone failed; see above"
-fi
-
 # ---- one operator's run -------------------------------------------------------------------------------
 run_tandem() {
   local port
@@ -179,6 +169,23 @@ for op in $OPERATORS; do
     *) die "unknown operator '$op' in OPERATORS; use tandem and/or mpi" ;;
   esac
 done
+
+# ---- creation alone ------------------------------------------------------------------------------------
+# Both kinds created with no operator running, CREATE_ROUNDS alternating rounds (deleted between rounds):
+# the API server's own cost per object, which the runs above see mixed with their operator's work. It
+# comes after the runs, so that its 2 × CREATE_ROUNDS × N_JOBS creates and deletes (a grown API-server heap,
+# an etcd file not yet compacted) do not weigh on them.
+rm -f "$OUT/creates.json"
+if [ "$CREATE_ROUNDS" -gt 0 ]; then
+  if [ -n "${prev:-}" ]; then
+    log "deleting namespace $prev before measuring creation alone"
+    kubectl delete namespace "$prev" --wait=true --timeout=900s >/dev/null \
+      || log "namespace $prev not gone after 900 s; going on"
+  fi
+  log "creation alone: $N_JOBS TrainingJobs and $N_JOBS MPIJobs, $CREATE_ROUNDS rounds, no operator running"
+  python3 bench/operator/bench.py --creates-alone --jobs "$N_JOBS" --rounds "$CREATE_ROUNDS" \
+    --out "$OUT/creates.json" || die "measuring creation alone failed; see above"
+fi
 
 # ---- report -------------------------------------------------------------------------------------------
 PY=python3
