@@ -7,7 +7,7 @@
 mpi-operator-bin:
 	@bench/operator/build-mpi-operator.sh
 
-## bench-operator: run the operator benchmark (N_JOBS, N_NODES, OPERATORS, MPI_OPERATOR_QPS; see bench/operator/run.sh); results in target/bench/operator/.
+## bench-operator: run the operator benchmark, then creation alone with no operator (N_JOBS, N_NODES, OPERATORS, CREATE_ROUNDS, MPI_OPERATOR_QPS; see bench/operator/run.sh); results in target/bench/operator/.
 bench-operator: cluster-bins
 	@bench/operator/run.sh
 
