@@ -223,6 +223,20 @@ pub struct Reported {
     pub cursors: Vec<crate::compute::data::DataCursor>,
 }
 
+/// What the servers keep of a group's progress ([`PsClient::kept`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// The furthest step the group reported to any shard, with its ranks' data cursors after it
+    /// (kept across the group's restarts while the shard runs, and in the shard's checkpoints;
+    /// `None` when it reported nothing).
+    pub reported: Option<Reported>,
+    /// The group's steps whose contributions reached every shard whole (each shard's record of
+    /// the group's last whole step + 1, the least over the shards), kept across the group's
+    /// restarts; `None` when a shard that holds part of the vector has no record (nothing pushed
+    /// yet, or the shard restarted from a checkpoint, whose weights lost the steps since).
+    pub contributed: Option<u64>,
+}
+
 impl PsClient {
     /// Connects to every shard (retrying until the connect timeout) and says hello.
     pub fn connect(config: ClientConfig) -> Result<Self, ClientError> {
@@ -267,49 +281,38 @@ impl PsClient {
         self.config.peer
     }
 
-    /// The steps of `group` whose contributions reached every shard whole (each shard's record
-    /// of the group's last whole step + 1, the least over the shards), kept across the group's
-    /// restarts; `None` when a shard that holds part of the vector has no record (nothing pushed
-    /// yet, or the shard restarted from a checkpoint, whose weights lost the steps since).
-    pub fn contributed(&mut self, group: u32) -> Result<Option<u64>, ClientError> {
-        let mut least: Option<u64> = None;
+    /// What the servers keep of `group`'s progress, from one status request to each shard.
+    pub fn kept(&mut self, group: u32) -> Result<Kept, ClientError> {
+        let mut kept = Kept::default();
+        // Each record of the shards that hold part of the vector.
+        let mut contributed = Vec::new();
         for index in 0..self.conns.len() {
             let status = self.status(index)?;
-            let (start, end) = (status["range"]["start"].as_u64(), status["range"]["end"].as_u64());
-            if start.is_some() && start == end {
-                continue;
-            }
-            let record = status["groups"]
+            let entry = status["groups"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .find(|g| g["group"].as_u64() == Some(u64::from(group)))
-                .and_then(|g| g["contributed"].as_u64());
-            let Some(steps) = record else { return Ok(None) };
-            least = Some(least.map_or(steps, |l| l.min(steps)));
+                .find(|g| g["group"].as_u64() == Some(u64::from(group)));
+            let progress = entry.map(|g| &g["progress"]);
+            if let Some(step) = progress.and_then(|p| p["step"].as_u64())
+                && kept.reported.as_ref().is_none_or(|r| step > r.step)
+            {
+                let cursors = progress.and_then(|p| serde_json::from_value(p["cursors"].clone()).ok());
+                kept.reported = Some(Reported { step, cursors: cursors.unwrap_or_default() });
+            }
+            if !self.ranges[index].is_empty() {
+                contributed.push(entry.and_then(|g| g["contributed"].as_u64()));
+            }
         }
-        Ok(least)
+        kept.contributed =
+            contributed.into_iter().collect::<Option<Vec<u64>>>().and_then(|v| v.into_iter().min());
+        Ok(kept)
     }
 
     /// The furthest step `group` reported to any shard, with its ranks' data cursors after that
-    /// step (kept across the group's restarts while the shard runs, and in the shard's
-    /// checkpoints; `None` when it reported nothing).
+    /// step (see [`Kept::reported`]).
     pub fn reported(&mut self, group: u32) -> Result<Option<Reported>, ClientError> {
-        let mut reports = Vec::new();
-        for index in 0..self.conns.len() {
-            let status = self.status(index)?;
-            for g in status["groups"].as_array().into_iter().flatten() {
-                if g["group"].as_u64() != Some(u64::from(group)) {
-                    continue;
-                }
-                let progress = &g["progress"];
-                if let Some(step) = progress["step"].as_u64() {
-                    let cursors = serde_json::from_value(progress["cursors"].clone()).unwrap_or_default();
-                    reports.push(Reported { step, cursors });
-                }
-            }
-        }
-        Ok(reports.into_iter().max_by_key(|r| r.step))
+        Ok(self.kept(group)?.reported)
     }
 
     /// The servers' consistency mode.

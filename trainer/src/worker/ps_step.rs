@@ -13,7 +13,7 @@
 //! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
 //! count one group's steps, after the last step whose contributions every shard applied whole
 //! (each push carries its step, and each shard keeps the group's last whole one,
-//! [`PsClient::contributed`]), so that no step is trained twice; where a shard has no such record
+//! [`Kept::contributed`]), so that no step is trained twice; where a shard has no such record
 //! (it restarted from a checkpoint, whose weights lost the steps since), from the furthest step the
 //! group reported (kept in PS checkpoints, up to the checkpoint's version). Rank 0's value is
 //! broadcast, so every rank of the group agrees. A group the servers do not know starts at 0.
@@ -49,7 +49,7 @@ use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::data::DataCursor;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError};
-use crate::ps::client::{ClientError, PsClient};
+use crate::ps::client::{ClientError, Kept, PsClient};
 use crate::ps::wire::{Peer, Progress};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
@@ -95,7 +95,7 @@ impl<C: Communicator> PsStep<C> {
                 // The servers know the group when it was launched before (attempt above 0) or
                 // when they resumed from checkpoints that hold its progress (the whole job started
                 // again: `tandem train --resume`, a job re-applied on its checkpoint claim).
-                let reported = client.reported(group).map_err(ps_err)?;
+                let Kept { reported, contributed } = client.kept(group).map_err(ps_err)?;
                 let start = match client.mode() {
                     _ if attempt == 0 && reported.is_none() => 0,
                     PsMode::Sync => clocks.iter().copied().max().unwrap_or(0),
@@ -103,10 +103,7 @@ impl<C: Communicator> PsStep<C> {
                     // is trained twice, and one whose contribution some shard missed (or, in the
                     // elastic mode, one trained only locally since the last exchange) again.
                     PsMode::Async { .. } | PsMode::Elastic { .. } => {
-                        match client.contributed(group).map_err(ps_err)? {
-                            Some(steps) => steps,
-                            None => reported.as_ref().map_or(0, |r| r.step),
-                        }
+                        contributed.unwrap_or_else(|| reported.as_ref().map_or(0, |r| r.step))
                     }
                 };
                 (start, reported)
