@@ -30,6 +30,7 @@ import json
 import os
 import re
 import ssl
+import statistics
 import sys
 import threading
 import time
@@ -283,12 +284,8 @@ def creates_alone(a):
                     die(f"the {kind} objects of {ns} were not deleted in 300 s")
                 time.sleep(0.5)
 
-    def median(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
-    result = {kind: {"rounds": rs, "create_s": median([x["create_s"] for x in rs]),
-                     "apiserver_cpu_s": median([x["apiserver_cpu_s"] for x in rs])}
+    result = {kind: {"rounds": rs, "create_s": statistics.median(x["create_s"] for x in rs),
+                     "apiserver_cpu_s": statistics.median(x["apiserver_cpu_s"] for x in rs)}
               for kind, rs in rounds.items()}
     result["jobs"] = a.jobs
     with open(a.out, "w") as f:
