@@ -352,6 +352,37 @@ fn with_hash<K: Resource + Serialize>(mut object: K) -> (K, String) {
     (object, hash)
 }
 
+/// Whether the cache (if any) holds the object: `None` without a cache.
+fn cached<K>(store: Option<&Store<PartialObjectMeta<K>>>, ns: &str, name: &str) -> Option<bool>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    PartialObjectMeta<K>: Resource<DynamicType = ()> + Clone,
+{
+    store.map(|s| s.get(&ObjectRef::new(name).within(ns)).is_some())
+}
+
+/// Puts child `object` of `kind` in place, given whether the operator's cache holds an object of
+/// its name (`cached`; `None`: no cache). One the cache lacks is most likely new: it is created
+/// ([`create_or_apply`]). One it holds, or any without a cache, is read and checked to be `job`'s,
+/// then applied (forced server-side apply would take over any object of that name).
+async fn put_child<K>(
+    job: &ValidatedJob<'_>,
+    api: &Api<K>,
+    kind: &'static str,
+    object: &K,
+    cached: Option<bool>,
+) -> Result<(), Error>
+where
+    K: Resource + Serialize + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    if cached == Some(false) {
+        return create_or_apply(job, api, kind, object).await;
+    }
+    check_existing(job, api, kind, &object.name_any()).await?;
+    apply(api, object).await
+}
+
 /// Whether the cached object (if any) already carries `hash`.
 fn up_to_date<K>(store: Option<&Store<PartialObjectMeta<K>>>, ns: &str, name: &str, hash: &str) -> bool
 where
@@ -438,8 +469,40 @@ where
     }
 }
 
+fn post_params() -> PostParams {
+    PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() }
+}
+
+/// Puts child `object` of `kind` in place: a create where it does not exist (one request for a
+/// new job's child, where reading first would take two), else, once it is checked to be `job`'s,
+/// a forced server-side apply. A create never takes over another's object; the caches cannot say
+/// it is absent, as they hold only the operator's own children.
+async fn create_or_apply<K>(
+    job: &ValidatedJob<'_>,
+    api: &Api<K>,
+    kind: &'static str,
+    object: &K,
+) -> Result<(), Error>
+where
+    K: Resource + Serialize + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let name = object.name_any();
+    match api.create(&post_params(), object).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => {
+            // Forced server-side apply would take over any object of that name: check it is ours.
+            check_existing(job, api, kind, &name).await?;
+            apply(api, object).await
+        }
+        Err(source) => Err(Error::Apply { what: format!("{kind} {name}"), source }),
+    }
+}
+
 /// Creates a Secret unless it exists: Secrets hold generated material that must not change.
-/// A Secret found or created once is remembered for the job's UID, and not read again.
+/// A Secret found or created once is remembered for the job's UID, and not read again. The
+/// create comes first (a new job's Secret takes one request); one that exists answers 409 and is
+/// then read and checked.
 async fn create_once(
     ctx: &Context,
     job: &ValidatedJob<'_>,
@@ -452,19 +515,8 @@ async fn create_once(
         return Ok(());
     }
     let read = |source| Error::Read { what: format!("Secret {name}"), source };
-    if let Some(existing) = api.get_opt(name).await.map_err(read)? {
-        check_owner(job, "Secret", name, &existing.metadata)?;
-        ctx.remember_secret(key);
-        return Ok(());
-    }
     let secret = make()?;
-    match api
-        .create(
-            &PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() },
-            &secret,
-        )
-        .await
-    {
+    match api.create(&post_params(), &secret).await {
         Ok(_) => {
             if name == names::token_secret(job.name)
                 && let Some(token) = secrets::token_of(&secret)
@@ -491,11 +543,10 @@ async fn ensure_children(job: &ValidatedJob<'_>, ctx: &Context) -> Result<(), Er
     let client = ctx.client.clone();
     let caches = ctx.caches();
     let (service, hash) = with_hash(builder::service(job));
-    if !up_to_date(caches.map(|c| &c.services), ns, &service.name_any(), &hash) {
-        // Forced server-side apply would take over any object of that name: check it is ours.
-        let services = Api::<Service>::namespaced(client.clone(), ns);
-        check_existing(job, &services, "Service", &service.name_any()).await?;
-        apply(&services, &service).await?;
+    let services = caches.map(|c| &c.services);
+    if !up_to_date(services, ns, &service.name_any(), &hash) {
+        let api = Api::<Service>::namespaced(client.clone(), ns);
+        put_child(job, &api, "Service", &service, cached(services, ns, &service.name_any())).await?;
     }
     if let Some(operator) = &ctx.network_policy {
         let (policy, hash) = with_hash(builder::network_policy(job, operator));
@@ -521,11 +572,11 @@ async fn ensure_children(job: &ValidatedJob<'_>, ctx: &Context) -> Result<(), Er
         .await?;
         wanted.extend((0..job.spec.workers.groups).map(|group| builder::hostfile(job, group)));
     }
+    let cached_maps = caches.map(|c| &c.config_maps);
     for cm in wanted {
         let (cm, hash) = with_hash(cm);
-        if !up_to_date(caches.map(|c| &c.config_maps), ns, &cm.name_any(), &hash) {
-            check_existing(job, &config_maps, "ConfigMap", &cm.name_any()).await?;
-            apply(&config_maps, &cm).await?;
+        if !up_to_date(cached_maps, ns, &cm.name_any(), &hash) {
+            put_child(job, &config_maps, "ConfigMap", &cm, cached(cached_maps, ns, &cm.name_any())).await?;
         }
     }
     // Hostfiles of groups that scaling removed.
