@@ -345,21 +345,31 @@ async fn scaling_up_adds_a_group_and_suspend_resume_work() {
 }
 
 /// The `tandem` container's log of `pod` from now until the container ends, collected by a task
-/// (the log goes with the pod once it is deleted, so it is followed from before the deletion).
-fn follow_log(ns: &TestNamespace, pod: &str) -> tokio::task::JoinHandle<String> {
+/// (the log goes with the pod once it is deleted, so it is followed from before the deletion);
+/// `opened` is told once the stream is open.
+fn follow_log(
+    ns: &TestNamespace,
+    pod: &str,
+    opened: tokio::sync::oneshot::Sender<()>,
+) -> tokio::task::JoinHandle<String> {
     let (api, pod) = (ns.api::<Pod>(), pod.to_owned());
     tokio::spawn(async move {
         use futures::{AsyncBufReadExt, TryStreamExt};
         let params = LogParams { container: Some("tandem".to_owned()), follow: true, ..LogParams::default() };
         let Ok(stream) = api.log_stream(&pod, &params).await else { return String::new() };
+        let _ = opened.send(());
         let lines: Vec<String> = stream.lines().try_collect().await.unwrap_or_default();
         lines.join("\n")
     })
 }
 
 /// The exit code of `pod`'s `tandem` container as the kubelet last reported it before the pod
-/// went, watched from before the deletion.
-fn watch_exit_code(ns: &TestNamespace, pod: &str) -> tokio::task::JoinHandle<Option<i32>> {
+/// went, watched from before the deletion; `listed` is told once the watch has its first list.
+fn watch_exit_code(
+    ns: &TestNamespace,
+    pod: &str,
+    listed: tokio::sync::oneshot::Sender<()>,
+) -> tokio::task::JoinHandle<Option<i32>> {
     let (api, pod) = (ns.api::<Pod>(), pod.to_owned());
     tokio::spawn(async move {
         use futures::StreamExt;
@@ -367,7 +377,13 @@ fn watch_exit_code(ns: &TestNamespace, pod: &str) -> tokio::task::JoinHandle<Opt
         let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
         let mut events = std::pin::pin!(watcher::watcher(api, config));
         let mut code = None;
+        let mut listed = Some(listed);
         while let Some(Ok(event)) = events.next().await {
+            if matches!(event, Event::InitDone)
+                && let Some(listed) = listed.take()
+            {
+                let _ = listed.send(());
+            }
             match event {
                 Event::Apply(p) | Event::InitApply(p) => {
                     let statuses = p.status.and_then(|s| s.container_statuses).unwrap_or_default();
@@ -399,9 +415,13 @@ async fn progress_step(ns: &TestNamespace, job: &str) -> Option<u64> {
 /// Deletes `name` (the kubelet's SIGTERM within the pod's grace period) while following its log
 /// and its container's exit code; returns both once the pod is gone.
 async fn delete_and_observe(ns: &TestNamespace, name: &str) -> (String, Option<i32>) {
-    let (log, code) = (follow_log(ns, name), watch_exit_code(ns, name));
+    let ((opened, log_open), (listed, watch_listed)) =
+        (tokio::sync::oneshot::channel(), tokio::sync::oneshot::channel());
+    let (log, code) = (follow_log(ns, name, opened), watch_exit_code(ns, name, listed));
     // Both have opened their streams before the deletion.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let open = async { log_open.await.is_ok() && watch_listed.await.is_ok() };
+    let open = tokio::time::timeout(Duration::from_secs(60), open).await;
+    assert_eq!(open, Ok(true), "the log stream and the watch of {name} did not open within 60 s");
     ns.api::<Pod>().delete(name, &kube::api::DeleteParams::default()).await.unwrap();
     let within = Duration::from_secs(180);
     let code = tokio::time::timeout(within, code).await.expect("the deleted pod went").unwrap();

@@ -197,6 +197,7 @@ async fn status_shows_phase_conditions_progress_restarts_pods_and_the_latest_eve
     assert!(run.stdout.contains("progress: none reported yet"), "{}", run.stdout);
 
     pods_of_the_example(&ns).await;
+    let written = std::time::Instant::now();
     running_status(&ns).await;
     events_of_the_example(&ns).await;
     let run = plugin(ns.name(), &["status", JOB]).await;
@@ -205,13 +206,29 @@ async fn status_shows_phase_conditions_progress_restarts_pods_and_the_latest_eve
     for expected in [
         &format!("TrainingJob {}/{JOB}: Running", ns.name()) as &str,
         "hybrid, 2 group(s) of 2 rank(s) (tcp), 2 parameter server(s)",
-        "progress: step 580, epoch 7, loss 0.0488, accuracy 0.8800, 1234.5 samples/s (this step since 9",
+        "progress: step 580, epoch 7, loss 0.0488, accuracy 0.8800, 1234.5 samples/s (this step since ",
         "restarts: 1 of at most 5",
-        "group-1: attempt 1, last 2",
+        "group-1: attempt 1, last ",
         "every pod of every unit is running",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in\n{out}");
     }
+    // The ages: the status's times (90 s and 20 s before it was written) plus the seconds since.
+    let since = written.elapsed().as_secs() as i64 + 1;
+    let seconds_after = |marker: &str| -> i64 {
+        let (_, rest) = out.split_once(marker).unwrap_or_else(|| panic!("no {marker:?} in\n{out}"));
+        let (n, _) = rest
+            .split_once("s ago")
+            .unwrap_or_else(|| panic!("no age in seconds after {marker:?} in\n{out}"));
+        n.parse().unwrap_or_else(|_| panic!("{n:?} after {marker:?} is not a number of seconds in\n{out}"))
+    };
+    let step_age = seconds_after("(this step since ");
+    assert!((90..=90 + since).contains(&step_age), "this step since {step_age}s, {since}s after 90 s ago");
+    let restart_age = seconds_after("group-1: attempt 1, last ");
+    assert!(
+        (20..=20 + since).contains(&restart_age),
+        "last restart {restart_age}s ago, {since}s after 20 s ago"
+    );
     let row =
         |words: &[&str]| out.lines().find(|l| words.iter().all(|w| l.split_whitespace().any(|x| x == *w)));
     assert!(row(&["Stalled", "True", "ProgressStalled"]).is_some(), "{out}");

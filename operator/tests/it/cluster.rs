@@ -26,7 +26,7 @@ use crate::support;
 use support::{LOG, capture_logs, denied, helm};
 
 /// Generous: two busy cores run the control plane, the operator and the test.
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(90);
 const SA: &str = "tandem-operator";
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem");
 

@@ -176,7 +176,7 @@ fn uneven_chunking_and_the_ring_for_every_size_still_match() {
 fn a_rank_with_the_wrong_token_is_refused() {
     let ports = free_ports(2);
     let token = |rank: usize| token_file(if rank == 0 { "right-token" } else { "wrong-token" });
-    let args = ["--connect-timeout-s", "8", "selftest"];
+    let args = ["--connect-timeout-s", "20", "selftest"];
     let done = finish(start(&ports, &[0, 1], token, &args), Duration::from_secs(120));
     assert!(!done[0].success && !done[1].success);
     assert!(done[1].stderr.contains("does not hold this job's token"), "rank 1: {}", done[1].stderr);
@@ -360,7 +360,7 @@ fn idle_connections_to_rank_0_neither_delay_nor_fail_the_group() {
     // Handshakes used to run one at a time with up to 10 s each: 13 silent connections to rank 0
     // used up any connect timeout. They now run concurrently with a short deadline each.
     let ports = free_ports(3);
-    let args = ["--connect-timeout-s", "8", "soak", "--len", "1000", "--iterations", "3"];
+    let args = ["--connect-timeout-s", "20", "soak", "--len", "1000", "--iterations", "3"];
     let mut ranks = start(&ports, &[0], same_token, &args);
     let idle = idle_connections(ports[0], 13);
     ranks.extend(start(&ports, &[1, 2], same_token, &args));

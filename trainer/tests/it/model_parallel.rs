@@ -232,11 +232,11 @@ fn a_model_parallel_group_trains_like_one_process_and_resumes_from_its_whole_mod
          (largest magnitude {scale})"
     );
 
-    // A rank killed when the group reports step 20 (reports come every 10 steps, so a kill "at 25"
-    // would fire only at the last step's report, racing the run's end): the group restarts from
+    // A rank killed when the group reports step 10 (reports come every 10 steps; a kill at a later
+    // report races the run's end, and a rank already gone is not killed): the group restarts from
     // its newest checkpoint and ends with the uninterrupted run's model, bit for bit.
     let killed = tmp.path().join("killed");
-    let run = train_ok(&split, &killed, &["--chaos", "kill:worker:0:2@20"]);
+    let run = train_ok(&split, &killed, &["--chaos", "kill:worker:0:2@10"]);
     let done = run.finished();
     assert_eq!((done["restarts"].as_u64(), done["steps"].as_u64()), (Some(1), Some(steps)), "{done}");
     let rank0 = std::fs::read_to_string(killed.join("logs/worker-0-0.1.log")).unwrap();

@@ -36,10 +36,6 @@ fn minio_bin() -> PathBuf {
     bin
 }
 
-fn free_port() -> u16 {
-    tandem::util::proc::free_ports(1).unwrap()[0]
-}
-
 /// A MinIO server on loopback with its data in a temporary folder; stopped when dropped.
 struct Minio {
     child: Child,
@@ -56,7 +52,8 @@ impl Minio {
         for b in buckets {
             std::fs::create_dir_all(drive.join(b)).unwrap();
         }
-        let (port, console) = (free_port(), free_port());
+        let ports = tandem::util::proc::free_ports(2).unwrap();
+        let (port, console) = (ports[0], ports[1]);
         let log = std::fs::File::create(dir.path().join("minio.log")).unwrap();
         let child = Command::new(minio_bin())
             .arg("server")

@@ -91,8 +91,8 @@ fn a_tcp_group_whose_peer_never_comes_up_fails_within_the_deadline_naming_it() {
 
 #[test]
 fn a_tcp_group_whose_peer_name_does_not_resolve_fails_naming_it_and_the_dns_error() {
-    let peers =
-        vec![Endpoint::new("missing-peer.invalid", free_port()), Endpoint::new("127.0.0.1", free_port())];
+    let ports = tandem::util::proc::free_ports(2).unwrap();
+    let peers = vec![Endpoint::new("missing-peer.invalid", ports[0]), Endpoint::new("127.0.0.1", ports[1])];
     let job = tcp_job(peers);
     let (output, termination) = run_rank(&job, 1);
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -39,6 +39,8 @@ fn spec(algorithm: &str, group_size: u32, replicas: u32) -> serde_json::Value {
 pub(crate) struct Worker {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread that collects stdout: it ends when the pipe closes, with every line read.
+    reader: Option<std::thread::JoinHandle<()>>,
     log: PathBuf,
 }
 
@@ -61,12 +63,12 @@ impl Worker {
             .unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (stdout, sink) = (child.stdout.take().unwrap(), lines.clone());
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 sink.lock().unwrap().push(line);
             }
         });
-        Self { child, lines, log }
+        Self { child, lines, reader: Some(reader), log }
     }
 
     pub(crate) fn log_text(&self) -> String {
@@ -105,8 +107,10 @@ impl Worker {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                // The reader thread has the last lines once the pipe closes.
-                std::thread::sleep(Duration::from_millis(100));
+                // Only the child held the pipe's write end: the reader ends with the last line.
+                if let Some(reader) = self.reader.take() {
+                    reader.join().unwrap();
+                }
                 return status;
             }
             if Instant::now() > deadline {

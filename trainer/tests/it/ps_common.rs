@@ -82,8 +82,26 @@ impl Job {
         self.launch(Role::Ps { index }, 0)
     }
 
-    /// Starts `tandem ps` for shard `index` on `port` (0: any) and waits until it listens.
+    /// Starts `tandem ps` for shard `index` on `port` (0: a free port below the kernel's ephemeral
+    /// range, so that no outgoing connection takes it while a test restarts the PS there) and
+    /// waits until it listens.
     pub fn spawn_ps(&self, index: u32, port: u16) -> PsProcess {
+        if port != 0 {
+            return self.try_spawn_ps(index, port).unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Another test may take the chosen port before this PS binds it: try another then.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = tandem::util::proc::free_ports(1).unwrap()[0];
+            match self.try_spawn_ps(index, port) {
+                Ok(ps) => return ps,
+                Err(e) => last = e,
+            }
+        }
+        panic!("{last}")
+    }
+
+    fn try_spawn_ps(&self, index: u32, port: u16) -> Result<PsProcess, String> {
         let env = self.ps_launch(index);
         let log = self.dir.path().join(format!("ps-{index}-{}.log", Instant::now().elapsed().as_nanos()));
         let log = unique(log);
@@ -101,12 +119,12 @@ impl Job {
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let Some(addr) = line.trim().strip_prefix("listening on ") else {
             let _ = child.wait();
-            panic!(
-                "tandem ps did not start: {line:?}\n{}",
+            return Err(format!(
+                "tandem ps did not start on port {port}: {line:?}\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
-            );
+            ));
         };
-        PsProcess { child: Some(child), addr: addr.to_owned(), log }
+        Ok(PsProcess { child: Some(child), addr: addr.to_owned(), log })
     }
 
     /// Rewrites the job config with the real PS addresses and each group's collective endpoints.

@@ -88,10 +88,11 @@ fn a_group_added_to_an_epochs_job_runs_the_jobs_step_count() {
     let ps = [job.spawn_ps(0, 0)];
     job.write_topology(&ps, &[loopback_endpoints(1), loopback_endpoints(1)]);
     let mut workers: Vec<_> = (0..2).map(|g| (g, job.spawn_worker(g, 0))).collect();
-    // Scaled once the first groups run: the config now has 3 groups.
+    // Scaled once the first groups run (both have read the config, which is rewritten in place):
+    // the config now has 3 groups.
     let mut observer = job.observer(&addrs(&ps));
-    crate::ps_common::eventually("a group trains", || {
-        observer.status(0).is_ok_and(|s| s["groups"].as_array().is_some_and(|g| !g.is_empty()))
+    crate::ps_common::eventually("both groups to reach the PS", || {
+        observer.status(0).is_ok_and(|s| s["groups"].as_array().is_some_and(|g| g.len() == 2))
     });
     let path = job.dir.path().join("job.json");
     let mut config =

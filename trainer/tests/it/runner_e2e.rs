@@ -79,8 +79,11 @@ fn a_resnet_trained_through_the_ps_is_evaluated_with_its_batch_norm_statistics()
     let measured: Vec<f64> = run.of("progress").iter().filter_map(|p| p["accuracy"].as_f64()).collect();
     let last = *measured.last().unwrap_or_else(|| panic!("no worker reported an accuracy: {:?}", run.events));
     assert!(final_accuracy >= 0.5, "final accuracy {final_accuracy} (the workers measured {last}): {done}");
+    // The PS weights also hold the other group's pushes after that group's last evaluation, and
+    // shard 0 the groups' mean statistics: close to what a worker measured, not equal (CI saw a
+    // gap of 0.057); fresh statistics would be some 0.6 below.
     assert!(
-        (final_accuracy - last).abs() <= 0.1,
+        (final_accuracy - last).abs() <= 0.2,
         "the PS weights score {final_accuracy}, the workers measured {last} at the last step"
     );
 }
