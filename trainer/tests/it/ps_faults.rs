@@ -207,8 +207,8 @@ fn a_gracefully_stopped_ps_loses_no_update() {
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
     let mut w = [0.0f32; 4];
-    for _ in 0..7 {
-        client.push(0, 0, &[0.25; 4]).unwrap();
+    for step in 0..7 {
+        client.push(step, 0, &[0.25; 4]).unwrap();
         client.pull(0, &mut w).unwrap();
     }
     let status = ps.terminate();

@@ -99,7 +99,7 @@ fn bounded_staleness_holds_a_fast_group_until_the_slowest_moves() {
     fast.pull(0, &mut w).unwrap();
     assert_eq!(w, [-1.0; 4], "async applies a push at once");
     // A second step would put it two ahead: its pull waits.
-    fast.push(0, 0, &[1.0; 4]).unwrap();
+    fast.push(1, 0, &[1.0; 4]).unwrap();
     let (tx, rx) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let mut w = [0.0f32; 4];
