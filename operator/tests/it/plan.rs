@@ -150,6 +150,32 @@ fn a_new_job_creates_every_pod_in_a_fixed_order() {
     assert_eq!(plan.events.len(), 1, "one event for the transition to Created");
 }
 
+/// The controller creates a new job's pods before it writes the status, so the status counts
+/// them; their arrival in the cache, still Pending, then changes nothing and writes nothing.
+#[test]
+fn the_status_counts_the_pods_it_creates_and_their_arrival_writes_nothing() {
+    for fixture_name in ["hybrid.yaml", "mpi.yaml"] {
+        let mut job = fixture(fixture_name);
+        let mut pods = Vec::new();
+        let plan = run(&job, &pods, t0());
+        let spec = &job.spec;
+        let total = |counts: &Option<tandem_api::RoleStatus>| counts.as_ref().map_or(0, |c| c.total);
+        assert_eq!(
+            total(&plan.status.workers),
+            spec.workers.groups * spec.workers.group_size,
+            "{fixture_name}"
+        );
+        assert_eq!(total(&plan.status.parameter_servers), spec.parameter_servers.replicas, "{fixture_name}");
+        assert_eq!(plan.status.groups, spec.workers.groups, "{fixture_name}");
+        let workers = plan.status.workers.clone().unwrap();
+        assert_eq!((workers.ready, workers.active), (0, 0), "{fixture_name}: none runs yet");
+        apply(&mut job, &mut pods, &plan);
+        let again = run(&job, &pods, at(1));
+        assert!(again.create.is_empty(), "{fixture_name}: {:?}", again.create);
+        assert_eq!(again.status, plan.status, "{fixture_name}: the pods' arrival changed the status");
+    }
+}
+
 #[test]
 fn running_pods_make_a_running_job_with_counts_and_start_time() {
     let mut job = fixture("hybrid.yaml");
