@@ -20,10 +20,6 @@
 //! - `Async`: each complete contribution is applied at once. With staleness `s`, a member's pull
 //!   waits while its clock is more than `s` ahead of the slowest member's (SSP).
 //! - `Elastic`: each push is added to the centre at once (`centre += e`, commutative).
-//! - In async and elastic modes a push of a step that the group's contribution already reached
-//!   this shard whole (its attempt before a restart did) is acknowledged and not applied again:
-//!   the restarted group retrains the steps that reached some shards but not all, and each shard
-//!   applies each of the group's steps once.
 //! - In sync and async modes a member's pull of a range that its group has partly pushed in the
 //!   open step waits until the group's contribution is complete and applied (read-my-writes), so
 //!   a rank that pushed its range and pulls it back sees its own gradient in the result.
@@ -833,15 +829,6 @@ impl ShardState {
             let msg =
                 format!("group {group} already contributed to step {version}; pull to wait for it to finish");
             return self.refuse(out, session, ErrorCode::Protocol, msg);
-        }
-        if mode != PsMode::Sync && g.contributed.is_some_and(|c| step < c) {
-            // A restarted group continues at the least of its shards' last whole contributions,
-            // so a step that had reached this shard whole before the restart comes again: it was
-            // applied once and is not applied twice. The clock does not move for it.
-            tracing::debug!(shard = self.config.index, group, step, "step already applied here; not again");
-            let clock = g.clock;
-            out.push(Output::Send(session, Frame::Ack { version, clock }));
-            return;
         }
         if g.pending.overlaps(&local) {
             let msg = format!(

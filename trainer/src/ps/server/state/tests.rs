@@ -120,14 +120,8 @@ impl Net {
         self.shard.status().range
     }
 
-    /// Pushes `values` at `offset` as the next step of session `s`'s group: its clock here.
     fn push(&mut self, s: SessionId, offset: u64, values: Vec<f32>) -> Frame {
-        let group = match self.shard.sessions.get(&s).and_then(|x| x.peer) {
-            Some(Peer::Worker { group, .. }) => Some(group),
-            _ => None,
-        };
-        let step = group.and_then(|g| self.shard.groups.get(&g)).map_or(0, |g| g.clock);
-        self.call(s, Frame::Push { offset, step, values })
+        self.call(s, Frame::Push { offset, step: 0, values })
     }
 
     /// Sends a pull and returns the weights if it was answered at once.
@@ -392,32 +386,6 @@ fn a_groups_last_whole_contribution_is_kept_across_its_restart() {
     assert_eq!(contributed(&net), Some(3));
     let malformed = net.call(3, Frame::Push { offset: 0, step: u64::MAX, values: vec![1.0, 1.0] });
     assert!(matches!(malformed, Frame::Ack { .. }), "a step at the end of the range is taken, not a panic");
-}
-
-#[test]
-fn a_step_that_reached_the_shard_whole_before_a_restart_is_applied_once() {
-    for mode in [PsMode::Async { staleness: None }, PsMode::Elastic { alpha: 0.5, tau: 1 }] {
-        let mut net = Net::new(config(mode, 1, 0));
-        net.joined_worker(1, 0, 1, &[0.0]);
-        for step in 0..2 {
-            net.call(1, Frame::Push { offset: 0, step, values: vec![1.0] });
-        }
-        let applied = net.shard.snapshot().unwrap();
-        assert_eq!(applied.version, 2, "{mode:?}");
-        // The group dies after step 1 reached this shard but not another, and its next attempt,
-        // continuing at the other shard's step 1, trains step 1 again.
-        net.cut(1);
-        net.worker(2, 0, 0, 1, 1);
-        assert!(matches!(net.call(2, Frame::Join), Frame::Joined { .. }));
-        let ack = net.call(2, Frame::Push { offset: 0, step: 1, values: vec![1.0] });
-        assert!(matches!(ack, Frame::Ack { version: 2, .. }), "{mode:?}: {ack:?}");
-        let again = net.shard.snapshot().unwrap();
-        assert_eq!((again.version, &again.values), (2, &applied.values), "{mode:?}: step 1 applied twice");
-        // Its next step is new here, and applied.
-        net.call(2, Frame::Push { offset: 0, step: 2, values: vec![1.0] });
-        assert_eq!(net.shard.version(), 3, "{mode:?}");
-        assert_eq!(net.shard.status().groups[0].contributed, Some(3), "{mode:?}");
-    }
 }
 
 #[test]
