@@ -211,7 +211,11 @@ fn a_killed_ps_resumes_from_its_checkpoint_and_the_job_completes() {
     assert_eq!(ps.len(), 1, "{restarts:?}");
     assert_eq!((ps[0]["index"].as_u64(), ps[0]["attempt"].as_u64()), (Some(0), Some(1)));
     let done = run.finished();
-    assert_eq!(done["restarts"], 1, "the groups relaunched with the PS do not count");
+    let logs: String = ["worker-0-0.1.log", "ps-0.1.log", "ps-1.0.log"]
+        .iter()
+        .map(|f| format!("== {f}\n{}", std::fs::read_to_string(out.join("logs").join(f)).unwrap_or_default()))
+        .collect();
+    assert_eq!(done["restarts"], 1, "the groups relaunched with the PS do not count: {restarts:?}\n{logs}");
     assert!(done["test_accuracy"].as_f64().unwrap() >= 0.90, "{done}");
     let log = std::fs::read_to_string(out.join("logs/ps-0.1.log")).unwrap();
     assert!(log.contains("resumed from checkpoint"), "PS 0 resumed from its checkpoint:\n{log}");
