@@ -363,8 +363,10 @@ where
 
 /// Puts child `object` of `kind` in place, given whether the operator's cache holds an object of
 /// its name (`cached`; `None`: no cache). One the cache lacks is most likely new: it is created
-/// ([`create_or_apply`]). One it holds, or any without a cache, is read and checked to be `job`'s,
-/// then applied (forced server-side apply would take over any object of that name).
+/// (one request, where reading first would take two; a create never takes over another's object,
+/// and the caches, holding only the operator's own children, cannot say a name is free). One that
+/// exists (the cache holds it, there is no cache, or the create answers 409) is read and checked
+/// to be `job`'s before the forced server-side apply, which would take over any object of that name.
 async fn put_child<K>(
     job: &ValidatedJob<'_>,
     api: &Api<K>,
@@ -376,10 +378,15 @@ where
     K: Resource + Serialize + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K::DynamicType: Default,
 {
+    let name = object.name_any();
     if cached == Some(false) {
-        return create_or_apply(job, api, kind, object).await;
+        match api.create(&post_params(), object).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_status(&e, 409) => {}
+            Err(source) => return Err(Error::Apply { what: format!("{kind} {name}"), source }),
+        }
     }
-    check_existing(job, api, kind, &object.name_any()).await?;
+    check_existing(job, api, kind, &name).await?;
     apply(api, object).await
 }
 
@@ -471,32 +478,6 @@ where
 
 fn post_params() -> PostParams {
     PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() }
-}
-
-/// Puts child `object` of `kind` in place: a create where it does not exist (one request for a
-/// new job's child, where reading first would take two), else, once it is checked to be `job`'s,
-/// a forced server-side apply. A create never takes over another's object; the caches cannot say
-/// it is absent, as they hold only the operator's own children.
-async fn create_or_apply<K>(
-    job: &ValidatedJob<'_>,
-    api: &Api<K>,
-    kind: &'static str,
-    object: &K,
-) -> Result<(), Error>
-where
-    K: Resource + Serialize + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let name = object.name_any();
-    match api.create(&post_params(), object).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 409) => {
-            // Forced server-side apply would take over any object of that name: check it is ours.
-            check_existing(job, api, kind, &name).await?;
-            apply(api, object).await
-        }
-        Err(source) => Err(Error::Apply { what: format!("{kind} {name}"), source }),
-    }
 }
 
 /// Creates a Secret unless it exists: Secrets hold generated material that must not change.

@@ -248,7 +248,7 @@ pub fn decide(job: &ValidatedJob<'_>, observed: &Observed<'_>, settings: &Settin
     .or_else(|| failures::deadline(&mut draft))
     .or_else(|| stall::check(&mut draft, &pods, observed.progress));
     let current = phase::Current::of(&draft, &pods);
-    current.count(&mut draft.status, job.spec);
+    current.count(&mut draft.status, job.spec, &[]);
     if let Some(failure) = failure {
         return finish::fail(draft, &pods, failure);
     }
@@ -257,33 +257,13 @@ pub fn decide(job: &ValidatedJob<'_>, observed: &Observed<'_>, settings: &Settin
     }
     let waiting = launch::missing(&mut draft, &pods, &current);
     phase::set(&mut draft, &pods, &current, waiting);
-    count_created(&mut draft, &current);
+    // The controller creates the pods before it writes the status unless a unit restarts (see
+    // [`Plan::restarted`]): the status then counts them, so their arrival in the cache, still
+    // Pending, writes nothing again (a status write costs the API server about as much as a create).
+    if draft.plan.restarted.is_empty() && !draft.plan.create.is_empty() {
+        current.count(&mut draft.status, job.spec, &draft.plan.create);
+    }
     draft.into_plan()
-}
-
-/// Counts the pods this plan creates in the status it writes, when the controller creates them
-/// before writing it (no unit restarts: see [`Plan::restarted`]): the status then says what
-/// exists once written, and the pods' arrival in the cache, still Pending, changes nothing to
-/// write again (a status write costs the API server about as much as a create).
-fn count_created(draft: &mut Draft<'_>, current: &phase::Current<'_, '_>) {
-    if !draft.plan.restarted.is_empty() || draft.plan.create.is_empty() {
-        return;
-    }
-    for &(role, _) in &draft.plan.create {
-        let counts = match role {
-            Role::Ps { .. } => draft.status.parameter_servers.get_or_insert_with(Default::default),
-            Role::Worker { .. } => draft.status.workers.get_or_insert_with(Default::default),
-            Role::Launcher { .. } => continue,
-        };
-        counts.total += 1;
-    }
-    let spec = draft.job.spec;
-    let there = |role: Role| {
-        draft.plan.create.iter().any(|&(r, _)| r == role) || current.get(role).is_some_and(|p| !p.deleting)
-    };
-    draft.status.groups = (0..spec.workers.groups)
-        .filter(|&group| (0..spec.workers.group_size).all(|rank| there(Role::Worker { group, rank })))
-        .count() as u32;
 }
 
 /// Pods stuck terminating on a lost node are force-deleted once `after` past their deadline.

@@ -28,19 +28,22 @@ impl<'p, 'a> Current<'p, 'a> {
     }
 
     /// Pod counts per role, and the groups whose every rank has a pod.
-    pub fn count(&self, status: &mut TrainingJobStatus, spec: &TrainingJobSpec) {
-        status.parameter_servers = Some(self.role_counts(|r| matches!(r, Role::Ps { .. })));
-        status.workers = Some(self.role_counts(|r| matches!(r, Role::Worker { .. })));
+    /// The counts with the pods of `created` (roles about to be created) counted as existing.
+    pub fn count(&self, status: &mut TrainingJobStatus, spec: &TrainingJobSpec, created: &[(Role, u32)]) {
+        status.parameter_servers = Some(self.role_counts(created, |r| matches!(r, Role::Ps { .. })));
+        status.workers = Some(self.role_counts(created, |r| matches!(r, Role::Worker { .. })));
         let (groups, size) = (spec.workers.groups, spec.workers.group_size);
+        let there = |role: Role| {
+            created.iter().any(|&(r, _)| r == role) || self.get(role).is_some_and(|p| !p.deleting)
+        };
         status.groups = (0..groups)
-            .filter(|&group| {
-                (0..size).all(|rank| self.get(Role::Worker { group, rank }).is_some_and(|p| !p.deleting))
-            })
+            .filter(|&group| (0..size).all(|rank| there(Role::Worker { group, rank })))
             .count() as u32;
     }
 
-    fn role_counts(&self, pick: impl Fn(Role) -> bool) -> RoleStatus {
+    fn role_counts(&self, created: &[(Role, u32)], pick: impl Fn(Role) -> bool) -> RoleStatus {
         let mut counts = RoleStatus::default();
+        counts.total += created.iter().filter(|&&(r, _)| pick(r)).count() as u32;
         for p in self.0.iter().filter(|p| pick(p.role)) {
             counts.total += 1;
             counts.ready += u32::from(p.ready());
