@@ -59,12 +59,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         checkpoint_every: training.checkpoint.every_steps,
         optimizer: training.optimizer.clone(),
         max_total_len: max_total_len(&job.spec, replicas),
+        groups: job.spec.workers.groups,
     };
     let mut config = ServerConfig::new(shard);
     let job_identity = checkpoint::JobIdentity::of(&job);
     config.checkpoints =
         Some(checkpoint::Store::open(env.output.join(format!("ps-{index}")), index, job_identity)?);
     config.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
+    // Scaling rewrites the config in place (a ConfigMap volume, the local runner's job.json).
+    config.job_config = Some(env.config.clone());
     let port = args.port.unwrap_or(endpoint.port);
     let host = if env.bind.contains(':') { format!("[{}]", env.bind) } else { env.bind.clone() };
     let addr = format!("{host}:{port}");

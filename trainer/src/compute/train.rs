@@ -84,6 +84,23 @@ pub enum TrainError {
     },
 }
 
+/// Which part of an epoch's training data a rank trains on ([`GradientStep::epoch_share`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpochShare {
+    /// The share the trainer was built with, in every epoch (one group: nothing to plan).
+    AsBuilt,
+    /// Rank `rank` of the `world` ranks that split this epoch (the job's epoch plan).
+    Slice {
+        /// This rank's place among them.
+        rank: usize,
+        /// Ranks that split the epoch.
+        world: usize,
+    },
+    /// None: the job's plan split this epoch over groups without this rank's (it was removed
+    /// by scaling before the epoch was planned).
+    Out,
+}
+
 /// How a computed gradient becomes new parameters: apply it locally, or combine it with other ranks
 /// or a parameter server first.
 pub trait GradientStep {
@@ -149,6 +166,13 @@ pub trait GradientStep {
     /// none).
     fn report(&mut self, _report: &GroupReport, _cursors: &[DataCursor]) -> Result<(), TrainError> {
         Ok(())
+    }
+
+    /// Which part of epoch `epoch`'s data this rank trains on: a PS group's share follows the
+    /// job's epoch plan, so the epoch is split over the groups the job had when it was planned
+    /// (a collective when the epoch is new to the group: every rank asks at the same step).
+    fn epoch_share(&mut self, _epoch: u64) -> Result<EpochShare, TrainError> {
+        Ok(EpochShare::AsBuilt)
     }
 
     /// The run ended at its last step (a PS step leaves the servers' membership).
@@ -303,6 +327,11 @@ pub struct Trainer {
     schedule: LrSchedule,
     step: u64,
     total_steps: u64,
+    /// The run's length in epochs (a job given in epochs), which its step count follows as the
+    /// epoch plan changes the steps an epoch takes.
+    epochs: Option<u64>,
+    /// The epoch whose share the data source serves ([`GradientStep::epoch_share`]), and the share.
+    planned: Option<(u64, EpochShare)>,
     batch_size: usize,
     config_hash: String,
     x: Vec<f32>,
@@ -376,6 +405,8 @@ impl Trainer {
             test,
             step: 0,
             total_steps,
+            epochs: t.epochs.map(u64::from),
+            planned: None,
             batch_size,
             config_hash: checkpoint::config_hash(&config),
             x: Vec::new(),
@@ -426,14 +457,20 @@ impl Trainer {
         self.step
     }
 
-    /// Steps of the whole run.
+    /// Steps of the whole run (for a run in epochs, as counted at the latest epoch planned).
     pub fn total_steps(&self) -> u64 {
         self.total_steps
+    }
+
+    /// The run's length in epochs, for a job given in epochs.
+    pub fn epochs(&self) -> Option<u64> {
+        self.epochs
     }
 
     /// Makes the run `total_steps` steps long, with the learning-rate schedule spread over them: the
     /// length a PS job's servers keep when this rank's own plan counts differently (a group added
     /// by scaling an `epochs` job splits each epoch over more ranks, so its plan has fewer steps).
+    /// A run in epochs counts its steps again at each epoch it plans; the schedule keeps this span.
     pub fn set_total_steps(&mut self, total_steps: u64) {
         self.total_steps = total_steps;
         self.schedule = self.schedule.over(total_steps);
@@ -472,8 +509,54 @@ impl Trainer {
         Ok((stats, at))
     }
 
+    /// Places the data source on this rank's share of the epoch its cursor is in
+    /// ([`GradientStep::epoch_share`]), moving on past the epochs the rank sits out; `false` when
+    /// no epoch of the run is left to it. A run given in epochs then counts its steps anew: those
+    /// done, plus this epoch's share for this and every later epoch.
+    fn plan_epoch(&mut self, update: &mut dyn GradientStep) -> Result<bool, TrainError> {
+        loop {
+            let at = self.loader.cursor();
+            if self.planned.is_some_and(|(e, _)| e == at.epoch) {
+                return Ok(true);
+            }
+            if self.epochs.is_some_and(|n| at.epoch >= n) {
+                self.total_steps = self.step;
+                return Ok(false);
+            }
+            let share = update.epoch_share(at.epoch)?;
+            let before = self.planned.map(|(_, s)| s);
+            self.planned = Some((at.epoch, share));
+            match share {
+                EpochShare::AsBuilt => return Ok(true),
+                EpochShare::Slice { rank, world } => {
+                    if before != Some(share) {
+                        self.loader.set_share(rank, world, at)?;
+                    }
+                    if let Some(n) = self.epochs {
+                        let done = self.step.saturating_sub(at.batch);
+                        self.total_steps = done + self.loader.batches_per_epoch() * (n - at.epoch);
+                    }
+                    return Ok(true);
+                }
+                EpochShare::Out => {
+                    tracing::info!(
+                        epoch = at.epoch,
+                        "the job's plan splits this epoch over other groups; skipping it"
+                    );
+                    self.loader.seek(DataCursor::at(at.epoch + 1, 0))?;
+                }
+            }
+        }
+    }
+
     /// One training step: gradient of the next batch, then `update` turns it into new parameters.
     pub fn step(&mut self, update: &mut dyn GradientStep) -> Result<StepReport, TrainError> {
+        if !self.plan_epoch(update)? {
+            return Err(TrainError::Config(format!(
+                "no step is left: the run's epochs ended at step {}",
+                self.step
+            )));
+        }
         let (batch, at) = self.compute_gradient()?;
         let lr = self.schedule.at(self.step);
         let parts = self.store.parts();
@@ -488,19 +571,54 @@ impl Trainer {
     /// Continues a fresh trainer at step `step` with the parameters it holds (e.g. a restarted
     /// worker group that pulled the PS weights): the learning-rate schedule and the data stream
     /// continue where an uninterrupted run would be at `step`. The optimizer state is the caller's.
-    pub fn skip_to(&mut self, step: u64) -> Result<(), TrainError> {
-        let per_epoch = self.loader.batches_per_epoch().max(1);
-        self.loader.seek(DataCursor::at(step / per_epoch, step % per_epoch))?;
+    /// Where `step` falls follows the epoch plan of `update`, whose epochs may take different
+    /// step counts (asked epoch by epoch, a collective for each epoch new to the group).
+    pub fn skip_to(&mut self, update: &mut dyn GradientStep, step: u64) -> Result<(), TrainError> {
+        let (mut left, mut epoch) = (step, 0u64);
         self.step = step;
-        Ok(())
+        loop {
+            if self.epochs.is_some_and(|n| epoch >= n) {
+                self.loader.seek(DataCursor::at(epoch, 0))?;
+                self.total_steps = step;
+                return Ok(());
+            }
+            let share = update.epoch_share(epoch)?;
+            let per_epoch = match share {
+                EpochShare::AsBuilt => {
+                    let per_epoch = self.loader.batches_per_epoch().max(1);
+                    self.loader.seek(DataCursor::at(step / per_epoch, step % per_epoch))?;
+                    self.planned = None;
+                    return Ok(());
+                }
+                EpochShare::Slice { world, .. } => self.batches_of(world),
+                EpochShare::Out => 0,
+            };
+            if left < per_epoch {
+                // Planned from batch 0 of the epoch, so that its step count is the epoch's.
+                self.planned = None;
+                self.loader.seek(DataCursor::at(epoch, 0))?;
+                self.step = step - left;
+                self.plan_epoch(update)?;
+                self.step = step;
+                self.loader.seek(DataCursor::at(epoch, left))?;
+                return Ok(());
+            }
+            left -= per_epoch;
+            epoch += 1;
+        }
+    }
+
+    /// Full batches an epoch takes on each of `world` ranks.
+    fn batches_of(&self, world: usize) -> u64 {
+        (self.loader.samples() / world.max(1) as u64) / self.batch_size.max(1) as u64
     }
 
     /// Continues the data stream at `cursor` (this rank's own, from the group's checkpoint:
     /// [`CheckpointMeta::cursors`]) after [`Trainer::skip_to`] moved it to where a stream with no
     /// skipped sample would be.
     pub fn seek_data(&mut self, cursor: DataCursor) -> Result<(), TrainError> {
-        let per_epoch = self.loader.batches_per_epoch().max(1);
-        if cursor.epoch * per_epoch + cursor.batch != self.step {
+        let here = self.loader.cursor();
+        if (cursor.epoch, cursor.batch) != (here.epoch, here.batch) {
             return Err(TrainError::Config(format!(
                 "the checkpoint's data cursor (epoch {}, batch {}) is not at its step {}: it was written for other data",
                 cursor.epoch, cursor.batch, self.step
@@ -513,8 +631,11 @@ impl Trainer {
     /// steps: a restarted group that continued its stream at the cursor of an earlier step (its
     /// last report's) reads its way to the step it resumes at, so the samples skipped on the way
     /// are skipped again and the stream lands on the next unseen sample.
-    pub fn read_ahead(&mut self, batches: u64) -> Result<(), TrainError> {
+    pub fn read_ahead(&mut self, update: &mut dyn GradientStep, batches: u64) -> Result<(), TrainError> {
         for _ in 0..batches {
+            if !self.plan_epoch(update)? {
+                break;
+            }
             self.loader.next_batch(&mut self.x, &mut self.y)?;
             self.step += 1;
         }
@@ -631,17 +752,22 @@ impl Trainer {
         on_report: &mut dyn FnMut(&GroupReport),
     ) -> Result<RunSummary, TrainError> {
         let started = Instant::now();
-        let (start, total) = (self.step, self.total_steps);
-        let report_every = cadence.report_every(total);
+        let start = self.step;
+        let report_every = cadence.report_every(self.total_steps);
         // Since the last report, summed over the group at a report: batch losses × samples,
         // samples, seconds waited for data, seconds of steps; then the samples skipped so far.
         let mut window = [0.0f32; 5];
         let (mut samples, mut train_time) = (0u64, 0.0f64);
         let mut waited = self.loader.waited();
         let mut last_eval = None;
-        while self.step < total {
+        while self.step < self.total_steps {
+            // A run in epochs counts its steps anew as the epoch plan changes an epoch's length.
+            if !self.plan_epoch(update)? {
+                break;
+            }
             let t0 = Instant::now();
             let r = self.step(update)?;
+            let total = self.total_steps;
             let took = t0.elapsed().as_secs_f64();
             train_time += took;
             window[0] += r.batch.loss * r.batch.samples as f32;

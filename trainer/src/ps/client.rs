@@ -228,13 +228,31 @@ pub struct Reported {
 pub struct Kept {
     /// The furthest step the group reported to any shard, with its ranks' data cursors after it
     /// (kept across the group's restarts while the shard runs, and in the shard's checkpoints;
-    /// `None` when it reported nothing).
+    /// `None` when it reported nothing) — the furthest not beyond [`Kept::contributed`] when one
+    /// is, so that a group that continues there can read its streams' way to it.
     pub reported: Option<Reported>,
     /// The group's steps whose contributions reached every shard whole (each shard's record of
     /// the group's last whole step + 1, the least over the shards), kept across the group's
-    /// restarts; `None` when a shard that holds part of the vector has no record (nothing pushed
-    /// yet, or the shard restarted from a checkpoint, whose weights lost the steps since).
+    /// restarts and in the shards' checkpoints; `None` when a shard that holds part of the vector
+    /// has no record (nothing pushed yet, or it restarted from a checkpoint written before the
+    /// record was kept).
     pub contributed: Option<u64>,
+}
+
+impl Kept {
+    /// What the shards keep together, from each shard's latest report and each record of the
+    /// shards that hold part of the vector (`None`: that shard has none).
+    fn of_shards(reports: Vec<Reported>, contributed: &[Option<u64>]) -> Self {
+        let contributed =
+            contributed.iter().copied().collect::<Option<Vec<u64>>>().and_then(|v| v.into_iter().min());
+        // A shard restarted from its checkpoint holds an older report than the others, and the
+        // group continues at that checkpoint's steps: its report is the one to continue from.
+        let furthest = |within: Option<u64>| {
+            reports.iter().filter(|r| within.is_none_or(|c| r.step <= c)).max_by_key(|r| r.step).cloned()
+        };
+        let reported = furthest(contributed).or_else(|| furthest(None));
+        Self { reported, contributed }
+    }
 }
 
 impl PsClient {
@@ -283,8 +301,8 @@ impl PsClient {
 
     /// What the servers keep of `group`'s progress, from one status request to each shard.
     pub fn kept(&mut self, group: u32) -> Result<Kept, ClientError> {
-        let mut kept = Kept::default();
-        // Each record of the shards that hold part of the vector.
+        // Every shard's latest report, and the records of the shards that hold part of the vector.
+        let mut reports = Vec::new();
         let mut contributed = Vec::new();
         for index in 0..self.conns.len() {
             let status = self.status(index)?;
@@ -294,19 +312,15 @@ impl PsClient {
                 .flatten()
                 .find(|g| g["group"].as_u64() == Some(u64::from(group)));
             let progress = entry.map(|g| &g["progress"]);
-            if let Some(step) = progress.and_then(|p| p["step"].as_u64())
-                && kept.reported.as_ref().is_none_or(|r| step > r.step)
-            {
+            if let Some(step) = progress.and_then(|p| p["step"].as_u64()) {
                 let cursors = progress.and_then(|p| serde_json::from_value(p["cursors"].clone()).ok());
-                kept.reported = Some(Reported { step, cursors: cursors.unwrap_or_default() });
+                reports.push(Reported { step, cursors: cursors.unwrap_or_default() });
             }
             if !self.ranges[index].is_empty() {
                 contributed.push(entry.and_then(|g| g["contributed"].as_u64()));
             }
         }
-        kept.contributed =
-            contributed.into_iter().collect::<Option<Vec<u64>>>().and_then(|v| v.into_iter().min());
-        Ok(kept)
+        Ok(Kept::of_shards(reports, &contributed))
     }
 
     /// The furthest step `group` reported to any shard, with its ranks' data cursors after that
@@ -645,6 +659,25 @@ impl PsClient {
         }
     }
 
+    /// The job's epoch plan through `epoch` from shard 0: the groups that split each epoch's
+    /// data, epoch 0 first (fixing the epochs no group asked for yet).
+    pub fn epochs(&mut self, epoch: u64) -> Result<Vec<u32>, ClientError> {
+        match self.call_one(0, "get-epochs", Frame::GetEpochs { epoch })? {
+            Frame::Epochs { groups } if groups.len() as u64 == epoch.saturating_add(1) => Ok(groups),
+            Frame::Epochs { groups } => Err(ClientError::Layout {
+                index: 0,
+                addr: self.addr(0),
+                detail: format!("asked for the plan through epoch {epoch}, got {} epochs", groups.len()),
+            }),
+            other => Err(ClientError::Unexpected {
+                index: 0,
+                addr: self.addr(0),
+                op: "get-epochs",
+                got: other.name(),
+            }),
+        }
+    }
+
     /// Shard `index`'s status as JSON (see `ps::server::state::ShardStatus`).
     pub fn status(&mut self, index: usize) -> Result<serde_json::Value, ClientError> {
         match self.call_one(index, "status", Frame::StatusRequest)? {
@@ -660,5 +693,33 @@ impl PsClient {
                 got: other.name(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::data::DataCursor;
+
+    fn report(step: u64) -> Reported {
+        Reported { step, cursors: vec![DataCursor::at(1, step)] }
+    }
+
+    #[test]
+    fn a_group_continues_from_the_report_of_the_shard_that_restarted_from_its_checkpoint() {
+        // Shard 1 restarted from a checkpoint taken after step 20 was reported and step 23 was
+        // applied; shard 0 ran on to report 40 and apply 47.
+        let kept = Kept::of_shards(vec![report(40), report(20)], &[Some(47), Some(23)]);
+        assert_eq!(kept, Kept { reported: Some(report(20)), contributed: Some(23) });
+        // Without a restart, the furthest report, which every shard applied.
+        let kept = Kept::of_shards(vec![report(40), report(40)], &[Some(47), Some(45)]);
+        assert_eq!(kept, Kept { reported: Some(report(40)), contributed: Some(45) });
+        // A shard without a record (a checkpoint from before it was kept): the furthest report.
+        let kept = Kept::of_shards(vec![report(40), report(20)], &[Some(47), None]);
+        assert_eq!(kept, Kept { reported: Some(report(40)), contributed: None });
+        // No report at or before the applied steps: the furthest there is, not none.
+        let kept = Kept::of_shards(vec![report(40)], &[Some(3)]);
+        assert_eq!(kept.reported, Some(report(40)));
+        assert_eq!(Kept::of_shards(Vec::new(), &[]), Kept::default());
     }
 }

@@ -6,9 +6,9 @@
 //! u32 body length (big-endian, bytes after this 8-byte header) | b"TP" | u8 version | u8 kind | body
 //! ```
 //!
-//! Strings are `u32 length + UTF-8`; float vectors are `u64 count + count × f32`. Requests have
-//! kinds `0x01..=0x08`, replies `0x80..=0x86` (`0x80`, the challenge, opens every connection),
-//! errors `0xEE`.
+//! Strings are `u32 length + UTF-8`; float vectors are `u64 count + count × f32`, group-count
+//! vectors `u64 count + count × u32`. Requests have kinds `0x01..=0x0B`, replies `0x80..=0x88`
+//! (`0x80`, the challenge, opens every connection), errors `0xEE`.
 //!
 //! Authentication, as the collectives' handshake (`comm::auth`): the server opens every
 //! connection with a [`Frame::Challenge`] (a fresh nonce); the client's [`Frame::Hello`] carries its
@@ -46,8 +46,8 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// bytes before the hello, and the [`ErrorCode::Busy`] refusal. Version 5: a report carries the
 /// group's share of time waiting on data and its skipped samples. Version 6: and its ranks' data
 /// cursors. Version 7: the welcome carries the run's step count. Version 8: a push carries the step
-/// it belongs to.
-pub const PROTOCOL_VERSION: u8 = 8;
+/// it belongs to. Version 9: shard 0 holds the job's epoch plan (`get-epochs`, `epochs`).
+pub const PROTOCOL_VERSION: u8 = 9;
 
 /// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
 pub const MAX_HELLO_FRAME: usize = 128;
@@ -280,6 +280,12 @@ pub enum Frame {
         /// The whole state vector.
         values: Vec<f32>,
     },
+    /// Asks shard 0 for the job's epoch plan through epoch `epoch`: how many groups split each
+    /// epoch's data (fixed for an epoch when a group first asks for it; see `ps::server::state`).
+    GetEpochs {
+        /// The last epoch wanted.
+        epoch: u64,
+    },
     /// Asks shard 0 for the model state it holds.
     GetState,
     /// The server's first frame on every connection: the nonce the hello's proof covers.
@@ -340,6 +346,12 @@ pub enum Frame {
         /// The whole state vector.
         values: Vec<f32>,
     },
+    /// Answer to get-epochs: the groups that split each epoch's data, epoch 0 first, through
+    /// the epoch asked for.
+    Epochs {
+        /// Group count per epoch.
+        groups: Vec<u32>,
+    },
     /// Answer to a status request: a JSON object (see `ps::server::state::ShardStatus`).
     Status(String),
     /// A refusal.
@@ -366,6 +378,8 @@ impl Frame {
             Frame::StatusRequest => "status-request",
             Frame::PutState { .. } => "put-state",
             Frame::GetState => "get-state",
+            Frame::GetEpochs { .. } => "get-epochs",
+            Frame::Epochs { .. } => "epochs",
             Frame::ModelState { .. } => "model-state",
             Frame::Welcome { .. } => "welcome",
             Frame::Joined { .. } => "joined",
@@ -390,6 +404,8 @@ impl Frame {
             Frame::StatusRequest => 0x08,
             Frame::PutState { .. } => 0x09,
             Frame::GetState => 0x0A,
+            Frame::GetEpochs { .. } => 0x0B,
+            Frame::Epochs { .. } => 0x88,
             Frame::ModelState { .. } => 0x87,
             Frame::Welcome { .. } => 0x81,
             Frame::Joined { .. } => 0x82,
@@ -488,6 +504,11 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         }
         Frame::Join | Frame::Leave | Frame::StatusRequest | Frame::Left | Frame::GetState => {}
         Frame::PutState { values } | Frame::ModelState { values } => w.floats(values),
+        Frame::GetEpochs { epoch } => w.u64(*epoch),
+        Frame::Epochs { groups } => {
+            w.u64(groups.len() as u64);
+            groups.iter().for_each(|&g| w.u32(g));
+        }
         Frame::Push { offset, step, values } => {
             w.u64(*offset);
             w.u64(*step);
@@ -619,6 +640,8 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
         0x08 => Frame::StatusRequest,
         0x09 => Frame::PutState { values: r.floats()? },
         0x0A => Frame::GetState,
+        0x0B => Frame::GetEpochs { epoch: r.u64()? },
+        0x88 => Frame::Epochs { groups: r.u32s()? },
         0x87 => Frame::ModelState { values: r.floats()? },
         0x80 => Frame::Challenge { nonce: r.array("nonce")? },
         0x81 => {
@@ -672,6 +695,8 @@ pub fn kind_name(kind: u8) -> Option<&'static str> {
         0x08 => "status-request",
         0x09 => "put-state",
         0x0A => "get-state",
+        0x0B => "get-epochs",
+        0x88 => "epochs",
         0x80 => "challenge",
         0x81 => "welcome",
         0x82 => "joined",
@@ -812,6 +837,16 @@ impl Reader<'_> {
         let bytes = self.take(len, "string")?;
         String::from_utf8(bytes.to_vec()).map_err(|_| self.bad("string is not UTF-8".to_owned()))
     }
+    fn u32s(&mut self) -> Result<Vec<u32>, WireError> {
+        let count = self.u64()?;
+        let bytes = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(4))
+            .filter(|&b| b <= self.buf.len())
+            .ok_or_else(|| self.bad(format!("{count} counts announced, {} bytes left", self.buf.len())))?;
+        let raw = self.take(bytes, "counts")?;
+        Ok(raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
     fn floats(&mut self) -> Result<Vec<f32>, WireError> {
         let count = self.u64()?;
         // Checked against the bytes present before allocating, so a lying count cannot exhaust memory.
@@ -855,6 +890,9 @@ mod tests {
             Frame::PutState { values: vec![0.5, -1.25] },
             Frame::GetState,
             Frame::ModelState { values: vec![3.0] },
+            Frame::GetEpochs { epoch: 7 },
+            Frame::Epochs { groups: vec![2, 2, 3] },
+            Frame::Epochs { groups: vec![] },
             Frame::Report(Progress {
                 step: 5,
                 loss: Some(0.25),
@@ -952,9 +990,9 @@ mod tests {
         header[4] = b'G';
         assert!(matches!(parse_header(&header, 100), Err(e @ WireError::BadMagic { .. }) if e.is_fatal()));
         header[4] = b'T';
-        header[6] = 9;
+        header[6] = PROTOCOL_VERSION - 1;
         assert!(
-            matches!(parse_header(&header, 100), Err(e @ WireError::Version { found: 9 }) if e.is_fatal())
+            matches!(parse_header(&header, 100), Err(e @ WireError::Version { found }) if e.is_fatal() && found == PROTOCOL_VERSION - 1)
         );
         let unknown = decode_body(0x42, &[]);
         assert!(matches!(unknown, Err(ref e @ WireError::UnknownKind(0x42)) if !e.is_fatal()));

@@ -239,7 +239,7 @@ impl<C: Communicator> AllreduceStep<C> {
         if !root {
             trainer.set_params(&params)?;
             trainer.set_state(&model_state)?;
-            trainer.skip_to(step)?;
+            trainer.skip_to(self, step)?;
             if with_cursors == 1 {
                 let rank = self.comm.rank();
                 trainer.seek_data(cursor_of(&words[rank * CURSOR_WORDS..(rank + 1) * CURSOR_WORDS]))?;

@@ -263,16 +263,18 @@ pub fn run<C: Communicator>(
             )
             .run(plan.total_steps, mode);
             let client = PsClient::connect(config)?;
-            // The servers keep the run's length: a group added by scaling an `epochs` job splits
-            // each epoch over more ranks, so its own plan counts fewer steps than the job's.
+            // The servers keep the run's length as first planned, over which the learning-rate
+            // schedule runs: a group added by scaling an `epochs` job counts another with its
+            // config, and takes the servers'. How many steps it runs follows the job's epoch
+            // plan ([`Trainer::run`]).
             let run = client.run_steps();
             if run != 0 && run != plan.total_steps {
                 tracing::info!(
                     group = place.group,
                     steps = run,
                     own_plan = plan.total_steps,
-                    "the parameter servers run the job over more (or fewer) steps than this group's plan \
-                     counts with the job's present group count; running the job's"
+                    "the parameter servers' schedule spans more (or fewer) steps than this group's plan \
+                     counts with the job's present group count; taking theirs"
                 );
                 trainer.set_total_steps(run);
             }
@@ -293,7 +295,8 @@ pub fn run<C: Communicator>(
     let stop = place.stop_on_sigterm.then(crate::util::signal::stop_flag);
     let cadence = Cadence { report_every: PROGRESS_EVERY, stop, ..Cadence::of(spec, dir) };
     let summary = trainer.run(update.step(), &cadence, &mut on_progress)?;
-    Ok(Summary { steps, start_step: start, accuracy: summary.evaluation.accuracy })
+    // The steps it ran to: a run in epochs counts them as the job's epoch plan split each epoch.
+    Ok(Summary { steps: summary.steps, start_step: start, accuracy: summary.evaluation.accuracy })
 }
 
 /// Checks that `comm` and the job config describe this rank.
@@ -328,15 +331,17 @@ fn continue_at<C: Communicator>(
 ) -> Result<u64, WorkerError> {
     let start = match update {
         Update::Ps(s) => {
-            let start = s.start_step().min(steps);
+            // A run in epochs has as many steps as its epoch plan gives it, which may be more
+            // than it counted at the start (groups removed since); a run in steps has its count.
+            let start = if trainer.epochs().is_some() { s.start_step() } else { s.start_step().min(steps) };
             match s.resume_cursor() {
                 // The stream continues at this rank's cursor of the group's last report and reads
                 // its way to `start` (at most [`READ_AHEAD`] batches: a group that the others left
                 // far behind takes the step's position instead).
                 Some((at, cursor)) if at <= start && start - at <= READ_AHEAD => {
-                    trainer.skip_to(at)?;
+                    trainer.skip_to(s.as_mut(), at)?;
                     trainer.seek_data(cursor)?;
-                    trainer.read_ahead(start - at)?;
+                    trainer.read_ahead(s.as_mut(), start - at)?;
                 }
                 Some((at, _)) if start > 0 => {
                     tracing::info!(
@@ -347,9 +352,9 @@ fn continue_at<C: Communicator>(
                         "the group's last data position is too far from its step: continuing at the \
                          step's position, which does not count samples skipped since then"
                     );
-                    trainer.skip_to(start)?;
+                    trainer.skip_to(s.as_mut(), start)?;
                 }
-                _ if start > 0 => trainer.skip_to(start)?,
+                _ if start > 0 => trainer.skip_to(s.as_mut(), start)?,
                 _ => {}
             }
             start

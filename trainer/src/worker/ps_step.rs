@@ -12,10 +12,11 @@
 //! from its clock on joining (the shards' update count, which every member group has reached,
 //! kept in PS checkpoints); in async, bounded-staleness and elastic modes, whose clocks do not
 //! count one group's steps, after the last step whose contributions every shard applied whole
-//! (each push carries its step, and each shard keeps the group's last whole one,
-//! [`Kept::contributed`]), so that no step is trained twice; where a shard has no such record
-//! (it restarted from a checkpoint, whose weights lost the steps since), from the furthest step the
-//! group reported (kept in PS checkpoints, up to the checkpoint's version). Rank 0's value is
+//! (each push carries its step, and each shard keeps the group's last whole one, also in its
+//! checkpoints, [`Kept::contributed`]), so that no step is trained twice: a step that some shards
+//! had applied is taken by them again without being applied again; where a shard has no such
+//! record (a checkpoint written before it was kept), from the furthest step the group reported
+//! (kept in PS checkpoints, up to the checkpoint's version). Rank 0's value is
 //! broadcast, so every rank of the group agrees. A group the servers do not know starts at 0.
 //! Every report carries each rank's data cursor after the reported step, which the servers keep
 //! with the group's progress (and in their checkpoints); a restarted rank continues its stream at
@@ -48,8 +49,9 @@ use tandem_api::OptimizerSpec;
 use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::data::DataCursor;
 use crate::compute::optim::{Optimizer, OptimizerState};
-use crate::compute::train::{GradientStep, TrainError};
+use crate::compute::train::{EpochShare, GradientStep, TrainError};
 use crate::ps::client::{ClientError, Kept, PsClient};
+use crate::ps::server::state::MAX_EPOCHS;
 use crate::ps::wire::{Peer, Progress};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
@@ -67,6 +69,8 @@ pub struct PsStep<C: Communicator> {
     mode: PsMode,
     local: Option<Optimizer>,
     scratch: Vec<f32>,
+    /// The job's epoch plan as far as the group asked for it: groups that split each epoch.
+    epochs: Vec<u32>,
 }
 
 fn ps_err(e: ClientError) -> TrainError {
@@ -132,7 +136,17 @@ impl<C: Communicator> PsStep<C> {
         }
         comm.allgather(params).map_err(super::collective)?;
         let local = (!mode.pushes_gradients()).then(|| Optimizer::new(optimizer, params.len()));
-        Ok(Self { comm, client, block, start_step, resume, mode, local, scratch: Vec::new() })
+        Ok(Self {
+            comm,
+            client,
+            block,
+            start_step,
+            resume,
+            mode,
+            local,
+            scratch: Vec::new(),
+            epochs: Vec::new(),
+        })
     }
 
     /// Replaces `state`, the model's non-trainable state, on every rank of the group with the
@@ -266,6 +280,53 @@ impl<C: Communicator> GradientStep for PsStep<C> {
             cursors: cursors.to_vec(),
         };
         self.client.report(progress).map_err(ps_err)
+    }
+
+    fn epoch_share(&mut self, epoch: u64) -> Result<EpochShare, TrainError> {
+        if self.epochs.len() as u64 <= epoch {
+            // Rank 0 asks shard 0, and the group takes its answer: [asked, groups of each epoch].
+            let n = usize::try_from(epoch).unwrap_or(usize::MAX).saturating_add(1).min(MAX_EPOCHS as usize);
+            let mut words = vec![0u64; 1 + n];
+            let mut failed = None;
+            if self.comm.rank() == 0 {
+                match self.client.epochs(epoch) {
+                    Ok(groups) if groups.len() == n => {
+                        words[0] = 1;
+                        for (w, g) in words[1..].iter_mut().zip(groups) {
+                            *w = u64::from(g);
+                        }
+                    }
+                    Ok(groups) => {
+                        failed = Some(TrainError::Step(format!(
+                            "the epoch plan through epoch {epoch} came with {} epochs",
+                            groups.len()
+                        )))
+                    }
+                    Err(e) => failed = Some(ps_err(e)),
+                }
+            }
+            broadcast_words(&mut self.comm, &mut words).map_err(super::collective)?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if words[0] != 1 {
+                return Err(TrainError::Step(format!(
+                    "rank 0 of the group could not get the job's epoch plan for epoch {epoch} (see its log)"
+                )));
+            }
+            self.epochs = words[1..].iter().map(|&g| g as u32).collect();
+        }
+        let groups = self.epochs.get(epoch as usize).copied().unwrap_or(1) as usize;
+        let group = match self.client.peer() {
+            Peer::Worker { group, .. } => group as usize,
+            Peer::Observer => 0,
+        };
+        let (size, rank) = (self.comm.size(), self.comm.rank());
+        Ok(if group < groups {
+            EpochShare::Slice { rank: group * size + rank, world: groups * size }
+        } else {
+            EpochShare::Out
+        })
     }
 
     fn finish(&mut self) -> Result<(), TrainError> {

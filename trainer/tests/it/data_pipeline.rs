@@ -181,6 +181,43 @@ fn a_stream_resumed_at_its_cursor_sees_the_next_unseen_sample() {
     }
 }
 
+/// When the job's epoch plan gives a rank another share from an epoch on (groups were added or
+/// removed), the image sources serve from there what a source opened on that share serves, and a
+/// share the data cannot fill is refused, naming the data.
+#[test]
+fn an_image_source_given_another_share_at_an_epoch_serves_that_shares_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = ShardSet::open(&write_shards(&dir.path().join("shards"), 6, 20, &[]), None).unwrap();
+    let root = dir.path().join("folder");
+    for id in 0..120u32 {
+        let class = root.join(format!("c{}", id % 3));
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join(format!("{id:04}.png")), numbered_png(id)).unwrap();
+    }
+    let folder = images::open(&root, None, Sizing::Own).unwrap().train;
+    type Open = Box<dyn Fn(usize, usize) -> Box<dyn Source>>;
+    let (shards, files) = (set.clone(), folder.clone());
+    let kinds: [(&str, Open); 2] = [
+        ("shards", Box::new(move |r, w| Box::new(ShardReader::new(shards.clone(), 4, 9, r, w).unwrap()))),
+        ("images", Box::new(move |r, w| Box::new(ImageFolder::new(files.clone(), 4, 9, r, w).unwrap()))),
+    ];
+    for (kind, open) in &kinds {
+        let mut source = open(0, 2);
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            source.next_batch(&mut x, &mut y).unwrap();
+        }
+        source.set_share(2, 3, DataCursor::at(1, 0)).unwrap();
+        let mut fresh = open(2, 3);
+        fresh.seek(DataCursor::at(1, 0)).unwrap();
+        let want = rest_of_epoch(fresh.as_mut());
+        assert_eq!(want.len() as u64, source.batches_per_epoch(), "{kind}");
+        assert_eq!(rest_of_epoch(source.as_mut()), want, "{kind}: epoch 1 as rank 2 of 3");
+        let err = source.set_share(0, 100, DataCursor::at(2, 0)).unwrap_err().to_string();
+        assert!(err.contains("fewer than one batch"), "{kind}: {err}");
+    }
+}
+
 /// The samples a worker's log says it served: (epoch, batch, ids), from its `tandem::samples`
 /// trace lines.
 fn served(log: &str) -> Vec<(u64, u64, Vec<u32>)> {
@@ -389,4 +426,79 @@ fn a_small_gpt_learns_a_text_file_and_bad_texts_are_refused_clearly() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("not UTF-8"), "{stderr}");
+}
+
+/// `kubectl scale` on a PS job: two groups of `tandem worker` train tar shards in epochs, a third
+/// is added once the first epoch is planned (the config rewritten as the operator rewrites its
+/// ConfigMap). Each epoch is split over the groups the job's plan fixed for it: every sample of
+/// an epoch's share is seen once, by one group, and each group runs its shares' steps.
+#[test]
+fn a_ps_job_scaled_up_splits_each_epoch_over_its_planned_groups_and_sees_each_sample_once() {
+    let _one = crate::runner_support::one_job_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    // 960 samples in batches of 8: 60 batches an epoch on each of 2 ranks, 40 on each of 3.
+    let (batch, epochs) = (8u64, 5u64);
+    let location = write_shards(&dir.path().join("shards"), 20, 48, &[]);
+    let test = write_shards(&dir.path().join("test"), 1, 40, &[]);
+    let job = Job::with_spec(serde_json::json!({
+        // Wide enough that a step takes milliseconds: the scaling lands in the first epochs.
+        "model": {"kind": "mlp", "hidden": [1024, 1024]},
+        "data": {"source": "shards", "path": location, "testPath": test, "batchSize": batch},
+        "training": {
+            "algorithm": "ps-async",
+            "epochs": epochs,
+            "evalEverySteps": 0,
+            "optimizer": {"kind": "sgd", "learningRate": 0.01},
+            "checkpoint": {"everySteps": 0}
+        },
+        "parameterServers": {"replicas": 1},
+        "workers": {"groups": 2, "groupSize": 1, "minGroups": 1, "maxGroups": 3, "backend": "tcp"}
+    }));
+    let ps = [job.spawn_ps(0, 0)];
+    let one = || crate::ps_common::loopback_endpoints(1);
+    job.write_topology(&ps, &[one(), one()]);
+    let trace = [("RUST_LOG", "info,tandem::samples=trace")];
+    let mut groups: Vec<Worker> = (0..2).map(|g| Worker::spawn_in(&job, g, 0, 0, &trace)).collect();
+    let mut observer = job.observer(&crate::ps_common::addrs(&ps));
+    let plan = |observer: &mut tandem::ps::client::PsClient| -> Vec<u64> {
+        let status = observer.status(0).unwrap();
+        status["epochs"].as_array().map(|e| e.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default()
+    };
+    crate::ps_common::eventually("the first epoch to be planned", || !plan(&mut observer).is_empty());
+    let path = job.dir.path().join("job.json");
+    let mut config = contract::JobConfig::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config.spec.workers.groups = 3;
+    std::fs::write(&path, config.to_json()).unwrap();
+    job.write_topology(&ps, &[one(), one(), one()]);
+    groups.push(Worker::spawn_in(&job, 2, 0, 0, &trace));
+    for (g, w) in groups.iter_mut().enumerate() {
+        let status = w.wait(Duration::from_secs(300));
+        assert!(status.success(), "group {g}: {status:?}\n{}", w.log_text());
+    }
+    let plan = plan(&mut observer);
+    assert_eq!(plan.len() as u64, epochs, "every epoch planned: {plan:?}");
+    assert_eq!(plan[0], 2, "epoch 0 was planned before the scaling: {plan:?}");
+    assert!(
+        plan.contains(&3),
+        "the epochs planned after the config said 3 groups are split over 3 (the two groups took the \
+         whole run before the third started?): {plan:?}"
+    );
+    let per_epoch = |g: u64| 960 / g / batch;
+    let served: Vec<Vec<(u64, u64, Vec<u32>)>> = groups.iter().map(|w| served(&w.log_text())).collect();
+    for (e, &planned) in plan.iter().enumerate() {
+        let mut seen = BTreeSet::new();
+        for (g, batches) in served.iter().enumerate() {
+            let mine: Vec<_> = batches.iter().filter(|b| b.0 == e as u64).collect();
+            let share = if (g as u64) < planned { per_epoch(planned) } else { 0 };
+            assert_eq!(mine.len() as u64, share, "group {g}, epoch {e} of plan {plan:?}");
+            for id in mine.iter().flat_map(|b| b.2.iter()) {
+                assert!(seen.insert(*id), "sample {id} seen twice in epoch {e} (plan {plan:?})");
+            }
+        }
+        assert_eq!(seen.len() as u64, per_epoch(planned) * planned * batch, "epoch {e}: every share trained");
+    }
+    for (g, w) in groups.iter().enumerate() {
+        let own: u64 = plan.iter().filter(|&&p| (g as u64) < p).map(|&p| per_epoch(p)).sum();
+        assert_eq!(w.finished()["steps"].as_u64(), Some(own), "group {g} runs its shares of plan {plan:?}");
+    }
 }

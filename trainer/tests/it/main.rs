@@ -21,6 +21,7 @@ mod comm_tcp;
 mod data;
 mod data_pipeline;
 mod engine;
+mod epoch_plan;
 mod flat;
 mod image_data;
 mod launcher;

@@ -51,8 +51,13 @@ impl Worker {
 
     /// Rank `rank` of group 0, attempt `attempt`, with the variables `env` added.
     pub(crate) fn spawn_with(job: &Job, rank: u32, attempt: u32, env: &[(&str, &str)]) -> Self {
-        let launch = job.launch(Role::Worker { group: 0, rank }, attempt);
-        let log = job.dir.path().join(format!("worker-0-{rank}.{attempt}.log"));
+        Self::spawn_in(job, 0, rank, attempt, env)
+    }
+
+    /// Rank `rank` of group `group`, attempt `attempt`, with the variables `env` added.
+    pub(crate) fn spawn_in(job: &Job, group: u32, rank: u32, attempt: u32, env: &[(&str, &str)]) -> Self {
+        let launch = job.launch(Role::Worker { group, rank }, attempt);
+        let log = job.dir.path().join(format!("worker-{group}-{rank}.{attempt}.log"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["worker", "--device", "cpu"])
             .envs(launch.to_vars())

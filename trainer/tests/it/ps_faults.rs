@@ -228,7 +228,7 @@ fn a_gracefully_stopped_ps_loses_no_update() {
 }
 
 #[test]
-fn a_restarted_ps_keeps_each_groups_reported_step_and_data_cursors_for_its_restarted_groups() {
+fn a_restarted_ps_keeps_each_groups_reported_step_data_cursors_and_applied_steps_for_its_restarted_groups() {
     let job = Job::new("ps-async", 0, 1, 1000);
     let mut ps = job.spawn_ps(0, 0);
     let servers = vec![ps.addr.clone()];
@@ -261,6 +261,8 @@ fn a_restarted_ps_keeps_each_groups_reported_step_and_data_cursors_for_its_resta
     let kept = again.reported(0).unwrap().unwrap_or_else(|| panic!("nothing kept:\n{}", ps.log_text()));
     assert_eq!((kept.step, kept.cursors), (42, reported.cursors), "{}", ps.log_text());
     assert_eq!(again.reported(1).unwrap(), None, "no other group reported");
+    // And its last step the shard applied whole, so a step it had applied is not applied again.
+    assert_eq!(again.kept(0).unwrap().contributed, Some(1), "{}", ps.log_text());
     again.join().unwrap();
     let mut w = [0.0f32; 4];
     assert_eq!(again.pull(0, &mut w).unwrap(), 1, "the restarted group trains on");

@@ -105,6 +105,18 @@ fn seeking_a_cursor_continues_the_stream_exactly() {
     }
     let err = straight.seek(DataCursor::at(0, per_epoch)).unwrap_err().to_string();
     assert!(err.contains("past the"), "{err}");
+
+    // Given another share from an epoch on (the job's epoch plan changed the groups), the stream
+    // serves what a stream opened on that share serves.
+    straight.set_share(0, 3, DataCursor::at(2, 0)).unwrap();
+    let mut fresh = ShardStream::open(paths.clone(), stream_opts(65), 32, 3, 0, 3).unwrap();
+    fresh.seek(DataCursor::at(2, 0)).unwrap();
+    assert_eq!(straight.batches_per_epoch(), fresh.batches_per_epoch());
+    for _ in 0..fresh.batches_per_epoch() + 2 {
+        let (mut fx, mut fy) = (Vec::new(), Vec::new());
+        assert_eq!(straight.next_batch(&mut x, &mut y).unwrap(), fresh.next_batch(&mut fx, &mut fy).unwrap());
+        assert_eq!((ids(&x), &y), (ids(&fx), &fy));
+    }
 }
 
 #[test]

@@ -512,4 +512,11 @@ impl Source for ImageFolder {
         self.cursor = next;
         Ok(at)
     }
+
+    fn set_share(&mut self, rank: usize, world: usize, at: DataCursor) -> Result<(), DataError> {
+        super::check_batches(&self.set.name, self.set.files.len() as u64, self.batch_size, rank, world)?;
+        (self.rank, self.world) = (rank, world);
+        // The seek stops the pipeline, whose batches ahead were the old share's.
+        self.seek(at)
+    }
 }

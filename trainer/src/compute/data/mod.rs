@@ -272,6 +272,10 @@ pub trait Source: std::fmt::Debug + Send {
     fn seek(&mut self, cursor: DataCursor) -> Result<(), DataError>;
     /// Fills `x` and `y` with the next batch and advances the cursor; returns the batch's cursor.
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError>;
+    /// Makes this rank `rank` of `world` and continues at `at`: the job's plan splits the epoch
+    /// from `at` on over another world (groups were added or removed). Batches being a pure
+    /// function of (seed, epoch, rank, world, batch index), epochs served before are unchanged.
+    fn set_share(&mut self, rank: usize, world: usize, at: DataCursor) -> Result<(), DataError>;
     /// Samples skipped so far because they could not be read (each named in a warning).
     fn skipped(&self) -> u64 {
         0

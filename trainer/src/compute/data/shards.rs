@@ -598,6 +598,13 @@ impl Source for ShardReader {
         self.cursor = next;
         Ok(at)
     }
+
+    fn set_share(&mut self, rank: usize, world: usize, at: DataCursor) -> Result<(), DataError> {
+        super::check_batches(&self.set.name, self.set.total(), self.batch_size, rank, world)?;
+        (self.rank, self.world) = (rank, world);
+        // The seek stops the pipeline, whose batches ahead were the old share's.
+        self.seek(at)
+    }
 }
 
 /// What [`pack`] wrote.

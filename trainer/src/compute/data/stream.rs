@@ -219,6 +219,12 @@ impl Source for ShardStream {
         self.cursor = super::after(at, self.batches_per_epoch());
         Ok(at)
     }
+
+    fn set_share(&mut self, rank: usize, world: usize, at: DataCursor) -> Result<(), DataError> {
+        super::check_batches(&self.name, self.samples(), self.batch_size, rank, world)?;
+        (self.rank, self.world, self.reader) = (rank, world, None);
+        self.seek(at)
+    }
 }
 
 /// The paths of `dir`'s files whose names end in `suffix`, sorted by name.

@@ -119,6 +119,12 @@ impl Source for Loader {
     fn next_batch(&mut self, x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<DataCursor, DataError> {
         Ok(Loader::next_batch(self, x, y))
     }
+
+    fn set_share(&mut self, rank: usize, world: usize, at: DataCursor) -> Result<(), DataError> {
+        super::check_batches(&self.data.name, self.data.len() as u64, self.batch_size, rank, world)?;
+        (self.rank, self.world, self.order_epoch) = (rank, world, None);
+        self.seek(at)
+    }
 }
 
 /// Rank `rank` of `world`'s `len / world` indices of `0..len` for `epoch`, disjoint from every

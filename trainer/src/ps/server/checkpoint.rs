@@ -148,6 +148,14 @@ struct Header {
     /// Each group's reported progress; absent in checkpoints written before it was kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     groups: Vec<GroupProgress>,
+    /// Each group's steps this shard applied whole, as `[group, steps]`; absent in checkpoints
+    /// written before it was kept (a restarted group then continues at its last report).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    contributed: Vec<(u32, u64)>,
+    /// The epoch plan fixed so far (shard 0): groups per epoch; absent when none was fixed and in
+    /// checkpoints written before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    epochs: Vec<u32>,
     /// Length of the model's non-trainable state (shard 0), whose values follow the optimizer
     /// state's; absent when 0 and in checkpoints written before it was kept.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -221,6 +229,8 @@ pub fn encode(job: &JobIdentity, snapshot: &Snapshot) -> Vec<u8> {
                 cursors: p.cursors.clone(),
             })
             .collect(),
+        contributed: snapshot.contributed.clone(),
+        epochs: snapshot.epochs.clone(),
         model_state: snapshot.model_state.len() as u64,
     };
     // A struct of numbers and strings always serialises.
@@ -298,6 +308,8 @@ pub fn decode(bytes: &[u8]) -> Result<Stored, String> {
                 (group, Progress { step, loss, accuracy, samples, epoch, cursors, ..Progress::default() })
             })
             .collect(),
+        contributed: header.contributed,
+        epochs: header.epochs,
         model_state,
     };
     Ok(Stored { job: header.job, snapshot })
@@ -313,7 +325,8 @@ fn check_counts(header: &Header) -> Result<(), String> {
         ("optimizer update count", header.optimizer_updates),
     ];
     let groups = header.groups.iter().flat_map(|g| [("group step", g.step), ("group samples", g.samples)]);
-    match counts.into_iter().chain(groups).find(|&(_, n)| n > MAX_COUNT) {
+    let contributed = header.contributed.iter().map(|&(_, steps)| ("group contributed steps", steps));
+    match counts.into_iter().chain(groups).chain(contributed).find(|&(_, n)| n > MAX_COUNT) {
         Some((what, n)) => Err(format!("{what} {n} is beyond any run (at most {MAX_COUNT})")),
         None => Ok(()),
     }
@@ -467,7 +480,9 @@ mod tests {
                     ..Progress::default()
                 },
             )],
+            contributed: vec![(0, version * 10 + 3)],
             model_state: vec![0.125, -3.0],
+            epochs: vec![2, 2, 3],
         }
     }
 
@@ -614,6 +629,8 @@ mod tests {
         assert!(long.as_ref().is_err_and(|e| e.contains("header says")), "{long:?}");
         let step = crafted(&|h| h["groups"][0]["step"] = max.clone());
         assert!(step.as_ref().is_err_and(|e| e.contains("group step")), "{step:?}");
+        let contributed = crafted(&|h| h["contributed"][0][1] = max.clone());
+        assert!(contributed.as_ref().is_err_and(|e| e.contains("contributed steps")), "{contributed:?}");
         // A header length beyond the file.
         let mut long_header = bytes.clone();
         long_header[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -626,11 +643,20 @@ mod tests {
     #[test]
     fn a_checkpoint_without_group_progress_still_reads() {
         // A header as written before group progress and model state were kept: no such keys.
-        let old = Snapshot { groups: Vec::new(), model_state: Vec::new(), ..snap(4) };
+        let old = Snapshot {
+            groups: Vec::new(),
+            contributed: Vec::new(),
+            model_state: Vec::new(),
+            epochs: Vec::new(),
+            ..snap(4)
+        };
         let bytes = encode(&job("a", "h"), &old);
         let hlen = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
         let header = std::str::from_utf8(&bytes[12..12 + hlen]).unwrap_or_default();
-        assert!(!header.contains("groups") && !header.contains("model_state"), "{header}");
+        assert!(
+            ["groups", "contributed", "model_state", "epochs"].iter().all(|k| !header.contains(k)),
+            "{header}"
+        );
         assert_eq!(decode(&bytes).map(|s| s.snapshot), Ok(old));
     }
 }

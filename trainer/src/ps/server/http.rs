@@ -109,6 +109,9 @@ pub struct StatusDocument {
     pub refused: u64,
     /// Pulls waiting for their mode's condition.
     pub waiting_pulls: usize,
+    /// The job's epoch plan (shard 0): groups that split each epoch's data, epoch 0 first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub epochs: Vec<u32>,
 }
 
 impl StatusDocument {
@@ -135,6 +138,7 @@ impl StatusDocument {
             groups: status.groups,
             refused: status.refused,
             waiting_pulls: status.waiting_pulls,
+            epochs: status.epochs,
         }
     }
 

@@ -38,10 +38,11 @@ pub mod state;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tandem_api::contract::JobConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -70,6 +71,10 @@ pub struct ServerConfig {
     pub hello_timeout: Duration,
     /// Bounds on connections that have not proven the token yet ([`gate`]).
     pub unauthenticated: Bounds,
+    /// The job config file, read again for its group count whenever a group asks for the epoch
+    /// plan (scaling rewrites it: the operator's ConfigMap, the local runner's `job.json`);
+    /// `None` keeps the count the shard started with.
+    pub job_config: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -82,6 +87,7 @@ impl ServerConfig {
             max_connections: 1024,
             hello_timeout: Duration::from_secs(10),
             unauthenticated: Bounds { per_source: 64, total: 256 },
+            job_config: None,
         }
     }
 }
@@ -197,7 +203,13 @@ impl Server {
         let admission = Admission::new(config.unauthenticated);
         let health = Health::default();
         let (events_tx, events_rx) = mpsc::channel::<Event>(1024);
-        let mut actor = tokio::spawn(actor(state, events_rx, config.checkpoints.clone(), admission.clone()));
+        let mut actor = tokio::spawn(actor(
+            state,
+            events_rx,
+            config.checkpoints.clone(),
+            admission.clone(),
+            config.job_config.clone(),
+        ));
         let status = status.map(|listener| {
             let (query_tx, mut query_rx) = mpsc::channel::<oneshot::Sender<StatusDocument>>(16);
             let events = events_tx.clone();
@@ -296,12 +308,26 @@ fn is_transient(e: &std::io::Error) -> bool {
         || e.raw_os_error().is_some_and(|c| c == 24 || c == 23) // EMFILE, ENFILE: wait for a close
 }
 
+/// The group count of the job config at `path` now; `None` (logged) when it cannot be read, as
+/// while a ConfigMap update swaps the file.
+fn planned_groups(path: &Path) -> Option<u32> {
+    let read = std::fs::read_to_string(path).map_err(|e| e.to_string());
+    match read.and_then(|text| JobConfig::from_json(&text).map_err(|e| e.to_string())) {
+        Ok(job) => Some(job.spec.workers.groups),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the job config's group count; the epoch plan keeps the last one read");
+            None
+        }
+    }
+}
+
 /// Owns the shard: applies events in order and routes outputs.
 async fn actor(
     mut state: ShardState,
     mut events: mpsc::Receiver<Event>,
     store: Option<checkpoint::Store>,
     admission: Admission,
+    job_config: Option<PathBuf>,
 ) {
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
     let mut meter = Throughput::default();
@@ -324,6 +350,12 @@ async fn actor(
                 let mut out = state.connect(s, nonce);
                 out.retain(|o| !matches!(o, Output::Send(_, Frame::Challenge { .. })));
                 out
+            }
+            Event::Frame(s, frame @ Frame::GetEpochs { .. }) => {
+                if let Some(groups) = job_config.as_deref().and_then(planned_groups) {
+                    state.set_planned_groups(groups);
+                }
+                state.handle(s, frame)
             }
             Event::Frame(s, frame) => state.handle(s, frame),
             Event::Wire(s, error) => state.refuse_wire(s, &error),
@@ -632,6 +664,7 @@ mod tests {
             checkpoint_every: 0,
             optimizer: OptimizerSpec::default(),
             max_total_len: 16,
+            groups: 1,
         })
     }
 

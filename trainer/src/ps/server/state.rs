@@ -20,11 +20,22 @@
 //! - `Async`: each complete contribution is applied at once. With staleness `s`, a member's pull
 //!   waits while its clock is more than `s` ahead of the slowest member's (SSP).
 //! - `Elastic`: each push is added to the centre at once (`centre += e`, commutative).
+//! - In async and elastic modes a step whose contribution already reached this shard whole
+//!   (before the group restarted) is taken again but not applied again: a restarted group
+//!   continues at the least of its shards' last whole steps, so it retrains the steps that reached
+//!   some shards but not all, and each shard applies each of the group's steps once. The repeated
+//!   contribution still moves the group's clock, as it does on the shards that apply it, so the
+//!   clocks that a staleness bound compares stay in step across shards.
 //! - In sync and async modes a member's pull of a range that its group has partly pushed in the
 //!   open step waits until the group's contribution is complete and applied (read-my-writes), so
 //!   a rank that pushed its range and pulls it back sees its own gradient in the result.
 //! - A hello with a higher attempt number for a group replaces the earlier attempt: its sessions
 //!   are closed and its unfinished contribution dropped.
+//! - Shard 0 holds the job's epoch plan: how many groups split each epoch's data. An epoch's
+//!   count is fixed when a group first asks for it (`GetEpochs`), from the job config's group
+//!   count then ([`ShardState::set_planned_groups`]), raised to include the group that asks; it
+//!   never changes afterwards and is kept in checkpoints, so every group splits an epoch alike
+//!   whatever the config says when it gets there.
 //!
 //! Caveats: waiting pulls have no timeout here; clients time out, and a group that disappears is
 //! detected by its connections closing.
@@ -66,7 +77,12 @@ pub struct ShardConfig {
     /// where the spec tells it, else what the server's memory can hold. A longer one is refused
     /// before the shard allocates anything.
     pub max_total_len: u64,
+    /// The job config's group count when the server starts (shard 0's first epoch plan).
+    pub groups: u32,
 }
+
+/// Most epochs an epoch plan may hold: a request beyond it is refused, not allocated.
+pub const MAX_EPOCHS: u64 = 1 << 20;
 
 /// The refusal of a hello whose proof does not match the job token.
 pub const WRONG_TOKEN: &str = "wrong job token: the hello's proof does not match this job's token; workers and \
@@ -103,9 +119,15 @@ pub struct Snapshot {
     /// The latest progress each group reported, by group index: a group restarted together with
     /// the PS continues its step count from it (async, bounded-staleness and elastic modes).
     pub groups: Vec<(u32, Progress)>,
+    /// Each group's steps whose contribution this shard applied whole (its last such step + 1),
+    /// by group index (async and elastic modes): a restarted group continues at the least of its
+    /// shards' and this shard does not apply those steps again.
+    pub contributed: Vec<(u32, u64)>,
     /// The model's non-trainable state as the shard holds it (the groups' mean; shard 0 only,
     /// empty for a model without state).
     pub model_state: Vec<f32>,
+    /// The epoch plan fixed so far (shard 0 only): groups per epoch, epoch 0 first.
+    pub epochs: Vec<u32>,
 }
 
 /// A snapshot that does not fit this shard.
@@ -256,7 +278,7 @@ pub struct GroupStatus {
     /// (light reports carry none).
     pub progress: Option<Progress>,
     /// The group's steps whose contribution reached this shard whole: its last such step + 1
-    /// (absent before its first, and after this shard restarted from a checkpoint).
+    /// (absent before its first; kept in the shard's checkpoints).
     pub contributed: Option<u64>,
 }
 
@@ -285,6 +307,9 @@ pub struct ShardStatus {
     pub refused: u64,
     /// Pulls waiting for their mode's condition.
     pub waiting_pulls: usize,
+    /// The epoch plan fixed so far (shard 0): groups that split each epoch's data, epoch 0 first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub epochs: Vec<u32>,
 }
 
 /// One shard's protocol state. See the module documentation for its guarantees.
@@ -299,6 +324,10 @@ pub struct ShardState {
     max_clock: u64,
     refused: u64,
     model_state: ModelState,
+    /// Groups that split each epoch's data, epoch 0 first, fixed when first asked for (shard 0).
+    epochs: Vec<u32>,
+    /// The job config's group count now.
+    planned_groups: u32,
 }
 
 /// The model's non-trainable state (batch-norm running statistics and the like), which the
@@ -341,7 +370,6 @@ impl ShardState {
     /// A shard with no weights yet: the first worker's hello sizes it and `init` frames fill it.
     pub fn new(config: ShardConfig) -> Self {
         Self {
-            config,
             weights: None,
             optimizer: None,
             version: 0,
@@ -351,6 +379,9 @@ impl ShardState {
             max_clock: 0,
             refused: 0,
             model_state: ModelState::default(),
+            epochs: Vec::new(),
+            planned_groups: config.groups.max(1),
+            config,
         }
     }
 
@@ -389,9 +420,13 @@ impl ShardState {
         });
         state.optimizer = Some(optimizer);
         state.model_state.mean = snapshot.model_state;
+        state.epochs = snapshot.epochs;
+        // Not a member until it joins again; attempt 0 refuses no relaunched attempt.
         for (group, progress) in snapshot.groups {
-            // Not a member until it joins again; attempt 0 refuses no relaunched attempt.
             state.groups.entry(group).or_insert_with(|| Group::new(0)).progress = Some(progress);
+        }
+        for (group, steps) in snapshot.contributed {
+            state.groups.entry(group).or_insert_with(|| Group::new(0)).contributed = Some(steps);
         }
         Ok(state)
     }
@@ -409,7 +444,9 @@ impl ShardState {
             values: w.values.clone(),
             optimizer,
             groups: self.groups.iter().filter_map(|(&i, g)| Some((i, g.progress.clone()?))).collect(),
+            contributed: self.groups.iter().filter_map(|(&i, g)| Some((i, g.contributed?))).collect(),
             model_state: self.model_state.mean.clone(),
+            epochs: self.epochs.clone(),
         })
     }
 
@@ -466,7 +503,14 @@ impl ShardState {
             progress,
             refused: self.refused,
             waiting_pulls: self.waiting.len(),
+            epochs: self.epochs.clone(),
         }
+    }
+
+    /// The job config's group count now (the driver reads the config as it changes): the count
+    /// of the next epoch plan fixed.
+    pub fn set_planned_groups(&mut self, groups: u32) {
+        self.planned_groups = groups.max(1);
     }
 
     /// A new connection, challenged with `nonce` (fresh random bytes from the driver): the
@@ -570,6 +614,7 @@ impl ShardState {
                 Frame::Push { offset, step, values } => {
                     self.push(&mut out, session, group, offset, step, values)
                 }
+                Frame::GetEpochs { epoch } => self.epochs(&mut out, session, group, epoch),
                 Frame::PutState { values } => match self.model_state.put(group, values) {
                     Ok(()) => {
                         let clock = self.groups.get(&group).map_or(0, |g| g.clock);
@@ -783,6 +828,34 @@ impl ShardState {
         out.push(Output::Send(session, Frame::Joined { clock, version }));
     }
 
+    /// The epoch plan through `epoch`, fixing the epochs not fixed yet at the planned count (or
+    /// enough groups to include `group`, whose config may be newer than the one read here).
+    fn epochs(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, epoch: u64) {
+        if self.config.index != 0 {
+            let msg = format!(
+                "shard {} was asked for the epoch plan, which shard 0 holds; ask shard 0",
+                self.config.index
+            );
+            return self.refuse(out, session, ErrorCode::Protocol, msg);
+        }
+        if epoch >= MAX_EPOCHS {
+            let msg = format!("epoch {epoch} is beyond any run (the plan holds at most {MAX_EPOCHS} epochs)");
+            return self.refuse(out, session, ErrorCode::BadRange, msg);
+        }
+        let fixed = self.epochs.len();
+        while self.epochs.len() as u64 <= epoch {
+            let groups = self.planned_groups.max(group.saturating_add(1));
+            tracing::info!(shard = self.config.index, epoch = self.epochs.len(), groups, "epoch plan fixed");
+            self.epochs.push(groups);
+        }
+        // Kept at once, so a restarted shard 0 does not plan an epoch some group already split.
+        if self.epochs.len() > fixed && self.config.checkpoint_every > 0 {
+            out.push(Output::Checkpoint);
+        }
+        let groups = self.epochs[..=epoch as usize].to_vec();
+        out.push(Output::Send(session, Frame::Epochs { groups }));
+    }
+
     fn leave(&mut self, group: u32) {
         if let Some(g) = self.groups.get_mut(&group) {
             g.member = false;
@@ -839,7 +912,10 @@ impl ShardState {
         }
         let len = w.len();
         let (a, b) = (local.start as usize, local.end as usize);
+        // A step this shard already applied for the group, retrained after its restart.
+        let repeated = mode != PsMode::Sync && g.contributed.is_some_and(|c| step < c);
         match mode {
+            _ if repeated => {}
             PsMode::Elastic { .. } => {
                 for (c, e) in w.values[a..b].iter_mut().zip(&values) {
                     *c += *e;
@@ -855,10 +931,19 @@ impl ShardState {
         g.pending.insert(local);
         if g.pending.covered == len {
             g.clock += 1;
-            g.contributed = Some(step.saturating_add(1));
             match mode {
-                PsMode::Sync => {}
+                _ if repeated => {
+                    tracing::debug!(
+                        shard = self.config.index,
+                        group,
+                        step,
+                        "step already applied here; not again"
+                    );
+                    g.pending.clear();
+                }
+                PsMode::Sync => g.contributed = Some(step.saturating_add(1)),
                 PsMode::Async { .. } => {
+                    g.contributed = Some(step.saturating_add(1));
                     if let Some(opt) = self.optimizer.as_mut() {
                         opt.step(&mut w.values, &g.grad, g.clock - 1);
                     }
@@ -867,6 +952,7 @@ impl ShardState {
                     self.after_update(out);
                 }
                 PsMode::Elastic { .. } => {
+                    g.contributed = Some(step.saturating_add(1));
                     g.pending.clear();
                     self.version += 1;
                     self.after_update(out);

@@ -21,6 +21,7 @@ fn config(mode: PsMode, replicas: u32, index: u32) -> ShardConfig {
         // Plain SGD with rate 1: an update subtracts the (mean) gradient, easy to predict.
         optimizer: OptimizerSpec { learning_rate: 1.0, ..OptimizerSpec::default() },
         max_total_len: 1 << 20,
+        groups: 2,
     }
 }
 
@@ -120,8 +121,15 @@ impl Net {
         self.shard.status().range
     }
 
+    /// Pushes `values` at `offset` as session `s`'s group's next step here, as a worker does:
+    /// the step after its last whole contribution.
     fn push(&mut self, s: SessionId, offset: u64, values: Vec<f32>) -> Frame {
-        self.call(s, Frame::Push { offset, step: 0, values })
+        let group = match self.shard.sessions.get(&s).and_then(|x| x.peer) {
+            Some(Peer::Worker { group, .. }) => Some(group),
+            _ => None,
+        };
+        let step = group.and_then(|g| self.shard.groups.get(&g)).and_then(|g| g.contributed).unwrap_or(0);
+        self.call(s, Frame::Push { offset, step, values })
     }
 
     /// Sends a pull and returns the weights if it was answered at once.
@@ -386,6 +394,160 @@ fn a_groups_last_whole_contribution_is_kept_across_its_restart() {
     assert_eq!(contributed(&net), Some(3));
     let malformed = net.call(3, Frame::Push { offset: 0, step: u64::MAX, values: vec![1.0, 1.0] });
     assert!(matches!(malformed, Frame::Ack { .. }), "a step at the end of the range is taken, not a panic");
+}
+
+#[test]
+fn a_step_that_reached_the_shard_whole_before_a_restart_is_applied_once_and_moves_the_clock() {
+    for mode in [PsMode::Async { staleness: None }, PsMode::Elastic { alpha: 0.5, tau: 1 }] {
+        let mut net = Net::new(config(mode, 1, 0));
+        net.joined_worker(1, 0, 1, &[0.0]);
+        for step in 0..2 {
+            net.call(1, Frame::Push { offset: 0, step, values: vec![1.0] });
+        }
+        let applied = net.shard.snapshot().unwrap();
+        assert_eq!(applied.version, 2, "{mode:?}");
+        // The group dies after step 1 reached this shard but not another, and its next attempt,
+        // continuing at the other shard's step 1, trains step 1 again.
+        net.cut(1);
+        net.worker(2, 0, 0, 1, 1);
+        let Frame::Joined { clock: joined, .. } = net.call(2, Frame::Join) else { panic!("join refused") };
+        let ack = net.call(2, Frame::Push { offset: 0, step: 1, values: vec![1.0] });
+        assert!(
+            matches!(ack, Frame::Ack { version: 2, clock } if clock == joined + 1),
+            "{mode:?}: the repeated step moves the clock and applies nothing: {ack:?}"
+        );
+        let again = net.shard.snapshot().unwrap();
+        assert_eq!((again.version, &again.values), (2, &applied.values), "{mode:?}: step 1 applied twice");
+        // Its next step is new here, and applied.
+        net.call(2, Frame::Push { offset: 0, step: 2, values: vec![1.0] });
+        assert_eq!(net.shard.version(), 3, "{mode:?}");
+        assert_eq!(net.shard.status().groups[0].contributed, Some(3), "{mode:?}");
+    }
+}
+
+/// Two groups on two shards under a staleness bound of 0; shard 1 restarts from a checkpoint
+/// that lacks steps shard 0 applied, one group ahead of the other there. Both groups continue at
+/// the least of their shards' whole steps and retrain: each shard applies each step once, and
+/// the clocks the bound compares stay equal, so no pull waits on a group that already pushed.
+#[test]
+fn after_a_shard_restarts_the_retrained_steps_apply_once_on_every_shard_and_no_group_waits() {
+    let mode = PsMode::Async { staleness: Some(0) };
+    let mut shards = [Net::new(config(mode, 2, 0)), Net::new(config(mode, 2, 1))];
+    // Session `10 × attempt + group` is the group's (single rank's) connection to each shard.
+    for net in &mut shards {
+        for group in 0..2 {
+            net.joined_worker(u64::from(group), group, 2, &[0.0]);
+        }
+    }
+    // Pushes `step` of `group`'s attempt to both shards and pulls both ranges back.
+    let step = |shards: &mut [Net; 2], s: SessionId, step: u64| {
+        for (i, net) in shards.iter_mut().enumerate() {
+            net.take(s);
+            let ack = net.call(s, Frame::Push { offset: i as u64, step, values: vec![1.0] });
+            assert!(matches!(ack, Frame::Ack { .. }), "shard {i}, session {s}, step {step}: {ack:?}");
+            net.send(s, Frame::Pull { offset: i as u64, len: 1 });
+        }
+    };
+    // Whether every pull sent so far by `sessions` was answered.
+    let answered = |shards: &mut [Net; 2], sessions: &[SessionId]| {
+        let pending: Vec<(usize, SessionId)> = (0..2)
+            .flat_map(|i| sessions.iter().map(move |&s| (i, s)))
+            .filter(|&(i, s)| shards[i].shard.waiting.iter().any(|w| w.session == s))
+            .collect();
+        for net in shards.iter_mut() {
+            for &s in sessions {
+                net.take(s);
+            }
+        }
+        pending
+    };
+    for k in 0..2 {
+        step(&mut shards, 0, k);
+        step(&mut shards, 1, k);
+        assert_eq!(answered(&mut shards, &[0, 1]), vec![], "step {k}");
+    }
+    let checkpoint = shards[1].shard.snapshot().unwrap();
+    assert_eq!(checkpoint.contributed, vec![(0, 2), (1, 2)]);
+    // Group 0 trains steps 2 and 3, group 1 step 2, everywhere; then shard 1 is killed and
+    // restarts from its checkpoint, and both groups restart.
+    step(&mut shards, 0, 2);
+    step(&mut shards, 1, 2);
+    step(&mut shards, 0, 3);
+    let cfg = shards[1].shard.config().clone();
+    shards[1] = Net { shard: ShardState::restore(cfg.clone(), checkpoint).unwrap(), ..Net::new(cfg) };
+    for s in [0, 1] {
+        shards[0].cut(s);
+    }
+    for net in &mut shards {
+        for group in 0..2 {
+            net.worker(10 + u64::from(group), group, 0, 1, 2);
+        }
+    }
+    let resume: Vec<u64> = (0..2)
+        .map(|g| shards.iter().filter_map(|n| n.shard.status().groups[g].contributed).min().unwrap())
+        .collect();
+    assert_eq!(resume, [2, 2], "each group continues at the least of its shards' whole steps");
+    for net in &mut shards {
+        for s in [10, 11] {
+            assert!(matches!(net.call(s, Frame::Join), Frame::Joined { .. }));
+        }
+    }
+    for k in 2..6 {
+        step(&mut shards, 10, k);
+        step(&mut shards, 11, k);
+        assert_eq!(answered(&mut shards, &[10, 11]), vec![], "step {k}: a pull waits (shard, session)");
+    }
+    // Six steps of two groups, each applied once with rate 1 and gradient 1, on each shard.
+    for (i, net) in shards.iter().enumerate() {
+        let snap = net.shard.snapshot().unwrap();
+        assert_eq!(snap.values, vec![-12.0], "shard {i}");
+        assert_eq!(snap.contributed, vec![(0, 6), (1, 6)], "shard {i}");
+    }
+}
+
+#[test]
+fn shard_0_fixes_each_epochs_group_count_once_and_keeps_it_across_a_restart() {
+    let mut cfg = config(PsMode::Async { staleness: None }, 1, 0);
+    cfg.checkpoint_every = 1000;
+    let mut net = Net::new(cfg.clone());
+    net.joined_worker(1, 0, 1, &[0.0]);
+    let plan = |net: &mut Net, s: SessionId, epoch: u64| match net.call(s, Frame::GetEpochs { epoch }) {
+        Frame::Epochs { groups } => groups,
+        other => panic!("expected the epoch plan, got {other:?}"),
+    };
+    // The config's 2 groups split epochs 0 and 1, fixed when first asked for (and kept at once).
+    assert_eq!(plan(&mut net, 1, 1), vec![2, 2]);
+    assert_eq!(net.checkpoints, 1, "a newly fixed epoch is checkpointed");
+    // Scaled to 3: the epochs already fixed keep 2, the next takes 3; asking again changes nothing.
+    net.shard.set_planned_groups(3);
+    assert_eq!(plan(&mut net, 1, 0), vec![2]);
+    assert_eq!(plan(&mut net, 1, 2), vec![2, 2, 3]);
+    assert_eq!(net.checkpoints, 2);
+    net.shard.set_planned_groups(1);
+    assert_eq!(plan(&mut net, 1, 2), vec![2, 2, 3], "a fixed epoch never changes");
+    assert_eq!(net.checkpoints, 2, "nothing new to keep");
+    // A group the config read here does not count yet (the config reaches this server later)
+    // is counted in the epochs it asks to fix.
+    net.worker(2, 4, 0, 0, 1);
+    assert_eq!(plan(&mut net, 2, 3), vec![2, 2, 3, 5]);
+    assert_eq!(net.shard.status().epochs, vec![2, 2, 3, 5]);
+    // Refused, not allocated: an epoch beyond any run.
+    let absurd = net.call(1, Frame::GetEpochs { epoch: u64::MAX });
+    assert!(is_error(&absurd, ErrorCode::BadRange), "{absurd:?}");
+    // A restored shard 0 has the plan.
+    let snapshot = net.shard.snapshot().unwrap();
+    let mut restored =
+        Net { shard: ShardState::restore(cfg, snapshot).unwrap(), ..Net::new(config(PsMode::Sync, 1, 0)) };
+    restored.worker(3, 0, 0, 1, 1);
+    assert_eq!(plan(&mut restored, 3, 4), vec![2, 2, 3, 5, 2]);
+    // Only shard 0 holds it.
+    let mut other = Net::new(config(PsMode::Async { staleness: None }, 2, 1));
+    other.worker(1, 0, 0, 0, 2);
+    let refused = other.call(1, Frame::GetEpochs { epoch: 0 });
+    assert!(
+        matches!(&refused, Frame::Error { code: ErrorCode::Protocol, message } if message.contains("shard 0")),
+        "{refused:?}"
+    );
 }
 
 #[test]
