@@ -838,25 +838,22 @@ impl Reader<'_> {
         String::from_utf8(bytes.to_vec()).map_err(|_| self.bad("string is not UTF-8".to_owned()))
     }
     fn u32s(&mut self) -> Result<Vec<u32>, WireError> {
-        let count = self.u64()?;
-        let bytes = usize::try_from(count)
-            .ok()
-            .and_then(|c| c.checked_mul(4))
-            .filter(|&b| b <= self.buf.len())
-            .ok_or_else(|| self.bad(format!("{count} counts announced, {} bytes left", self.buf.len())))?;
-        let raw = self.take(bytes, "counts")?;
-        Ok(raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(self.words("counts")?.map(u32::from_le_bytes).collect())
     }
     fn floats(&mut self) -> Result<Vec<f32>, WireError> {
+        Ok(self.words("floats")?.map(f32::from_le_bytes).collect())
+    }
+    /// A `u64` count and that many 4-byte little-endian values (`what` names them in errors).
+    fn words(&mut self, what: &str) -> Result<impl Iterator<Item = [u8; 4]> + '_, WireError> {
         let count = self.u64()?;
         // Checked against the bytes present before allocating, so a lying count cannot exhaust memory.
         let bytes = usize::try_from(count)
             .ok()
             .and_then(|c| c.checked_mul(4))
             .filter(|&b| b <= self.buf.len())
-            .ok_or_else(|| self.bad(format!("{count} floats announced, {} bytes left", self.buf.len())))?;
-        let raw = self.take(bytes, "floats")?;
-        Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            .ok_or_else(|| self.bad(format!("{count} {what} announced, {} bytes left", self.buf.len())))?;
+        let raw = self.take(bytes, what)?;
+        Ok(raw.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]))
     }
 }
 
