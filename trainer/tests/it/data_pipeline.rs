@@ -428,77 +428,141 @@ fn a_small_gpt_learns_a_text_file_and_bad_texts_are_refused_clearly() {
     assert!(!out.status.success() && stderr.contains("not UTF-8"), "{stderr}");
 }
 
-/// `kubectl scale` on a PS job: two groups of `tandem worker` train tar shards in epochs, a third
-/// is added once the first epoch is planned (the config rewritten as the operator rewrites its
-/// ConfigMap). Each epoch is split over the groups the job's plan fixed for it: every sample of
-/// an epoch's share is seen once, by one group, and each group runs its shares' steps.
+/// `kubectl scale` up on a PS job: two groups of `tandem worker` train tar shards in epochs, a
+/// third is added once the first epoch is planned (the config rewritten as the operator rewrites
+/// its ConfigMap). Each epoch is split over the groups the job's plan fixed for it: every sample
+/// of an epoch's share is seen once, by one group, and each group runs its shares' steps.
 #[test]
 fn a_ps_job_scaled_up_splits_each_epoch_over_its_planned_groups_and_sees_each_sample_once() {
+    let run = scaled(2, 3);
+    assert_eq!(run.plan[0], 2, "epoch 0 was planned before the scaling: {:?}", run.plan);
+    assert!(
+        run.plan.contains(&3),
+        "the epochs planned after the config said 3 groups are split over 3 (did the two groups take \
+         the whole run before the third started?): {:?}",
+        run.plan
+    );
+    run.check_epochs(0);
+}
+
+/// `kubectl scale` down: of three groups the third is stopped once the first epoch is planned,
+/// and the config says two. The epochs planned after that are split over the two left, every
+/// sample of each seen once; the stopped group's share of the epochs planned with it is lost.
+#[test]
+fn a_ps_job_scaled_down_splits_the_epochs_planned_after_over_the_groups_left() {
+    let run = scaled(3, 2);
+    let first = run.plan.iter().position(|&g| g == 2).unwrap_or(run.plan.len());
+    assert!(
+        (1..=2).contains(&first) && run.plan[first..].iter().all(|&g| g == 2),
+        "epoch 0 (and the next, if the stopped group planned it before it stopped) over 3, every \
+         later one over 2: {:?}",
+        run.plan
+    );
+    run.check_epochs(first);
+}
+
+/// What a scaled run left: the epoch plan, and what each group served and ran.
+struct Scaled {
+    plan: Vec<u64>,
+    /// Per group: (epoch, batch, ids) of each batch it served, and its `finished` line (`None`
+    /// for a group that was stopped).
+    groups: Vec<(Vec<(u64, u64, Vec<u32>)>, Option<serde_json::Value>)>,
+}
+
+// 960 samples in batches of 8: 60 batches an epoch on each of 2 ranks, 40 on each of 3.
+const SCALED_SAMPLES: u64 = 960;
+const SCALED_BATCH: u64 = 8;
+const SCALED_EPOCHS: u64 = 5;
+
+/// A 5-epoch ps-async job on tar shards, groups of one rank, started with `from` groups and
+/// scaled to `to` once epoch 0 is planned: groups added are started, groups removed stopped
+/// (SIGTERM) before the config says `to`.
+fn scaled(from: u32, to: u32) -> Scaled {
     let _one = crate::runner_support::one_job_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    // 960 samples in batches of 8: 60 batches an epoch on each of 2 ranks, 40 on each of 3.
-    let (batch, epochs) = (8u64, 5u64);
-    let location = write_shards(&dir.path().join("shards"), 20, 48, &[]);
+    let location = write_shards(&dir.path().join("shards"), 20, (SCALED_SAMPLES / 20) as usize, &[]);
     let test = write_shards(&dir.path().join("test"), 1, 40, &[]);
     let job = Job::with_spec(serde_json::json!({
         // Wide enough that a step takes milliseconds: the scaling lands in the first epochs.
         "model": {"kind": "mlp", "hidden": [1024, 1024]},
-        "data": {"source": "shards", "path": location, "testPath": test, "batchSize": batch},
+        "data": {"source": "shards", "path": location, "testPath": test, "batchSize": SCALED_BATCH},
         "training": {
             "algorithm": "ps-async",
-            "epochs": epochs,
+            "epochs": SCALED_EPOCHS,
             "evalEverySteps": 0,
             "optimizer": {"kind": "sgd", "learningRate": 0.01},
             "checkpoint": {"everySteps": 0}
         },
         "parameterServers": {"replicas": 1},
-        "workers": {"groups": 2, "groupSize": 1, "minGroups": 1, "maxGroups": 3, "backend": "tcp"}
+        "workers": {"groups": from, "groupSize": 1, "minGroups": 1, "maxGroups": 3, "backend": "tcp"}
     }));
     let ps = [job.spawn_ps(0, 0)];
-    let one = || crate::ps_common::loopback_endpoints(1);
-    job.write_topology(&ps, &[one(), one()]);
+    let topology = |n: u32| (0..n).map(|_| crate::ps_common::loopback_endpoints(1)).collect::<Vec<_>>();
+    job.write_topology(&ps, &topology(from.max(to)));
     let trace = [("RUST_LOG", "info,tandem::samples=trace")];
-    let mut groups: Vec<Worker> = (0..2).map(|g| Worker::spawn_in(&job, g, 0, 0, &trace)).collect();
+    let mut groups: Vec<Worker> = (0..from).map(|g| Worker::spawn_in(&job, g, 0, 0, &trace)).collect();
     let mut observer = job.observer(&crate::ps_common::addrs(&ps));
     let plan = |observer: &mut tandem::ps::client::PsClient| -> Vec<u64> {
         let status = observer.status(0).unwrap();
         status["epochs"].as_array().map(|e| e.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default()
     };
     crate::ps_common::eventually("the first epoch to be planned", || !plan(&mut observer).is_empty());
+    let mut stopped = Vec::new();
+    for g in (to..from).rev() {
+        let mut w = groups.pop().unwrap();
+        // Training (its SIGTERM handler in place), then stopped as the kubelet stops a pod.
+        w.wait_for_progress();
+        w.sigterm();
+        let status = w.wait(Duration::from_secs(120));
+        assert_eq!(status.code(), Some(contract::EXIT_PREEMPTED), "group {g}: {status:?}\n{}", w.log_text());
+        stopped.push(w);
+    }
     let path = job.dir.path().join("job.json");
     let mut config = contract::JobConfig::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config.spec.workers.groups = 3;
+    config.spec.workers.groups = to;
     std::fs::write(&path, config.to_json()).unwrap();
-    job.write_topology(&ps, &[one(), one(), one()]);
-    groups.push(Worker::spawn_in(&job, 2, 0, 0, &trace));
+    groups.extend((from..to).map(|g| Worker::spawn_in(&job, g, 0, 0, &trace)));
     for (g, w) in groups.iter_mut().enumerate() {
         let status = w.wait(Duration::from_secs(300));
         assert!(status.success(), "group {g}: {status:?}\n{}", w.log_text());
     }
     let plan = plan(&mut observer);
-    assert_eq!(plan.len() as u64, epochs, "every epoch planned: {plan:?}");
-    assert_eq!(plan[0], 2, "epoch 0 was planned before the scaling: {plan:?}");
-    assert!(
-        plan.contains(&3),
-        "the epochs planned after the config said 3 groups are split over 3 (the two groups took the \
-         whole run before the third started?): {plan:?}"
-    );
-    let per_epoch = |g: u64| 960 / g / batch;
-    let served: Vec<Vec<(u64, u64, Vec<u32>)>> = groups.iter().map(|w| served(&w.log_text())).collect();
-    for (e, &planned) in plan.iter().enumerate() {
-        let mut seen = BTreeSet::new();
-        for (g, batches) in served.iter().enumerate() {
-            let mine: Vec<_> = batches.iter().filter(|b| b.0 == e as u64).collect();
-            let share = if (g as u64) < planned { per_epoch(planned) } else { 0 };
-            assert_eq!(mine.len() as u64, share, "group {g}, epoch {e} of plan {plan:?}");
-            for id in mine.iter().flat_map(|b| b.2.iter()) {
-                assert!(seen.insert(*id), "sample {id} seen twice in epoch {e} (plan {plan:?})");
+    assert_eq!(plan.len() as u64, SCALED_EPOCHS, "every epoch planned: {plan:?}");
+    let mut out: Vec<_> = groups.iter().map(|w| (served(&w.log_text()), Some(w.finished()))).collect();
+    out.extend(stopped.iter().rev().map(|w| (served(&w.log_text()), None)));
+    Scaled { plan, groups: out }
+}
+
+impl Scaled {
+    /// Every epoch: no sample twice, no group outside the epoch's plan served in it, and from
+    /// epoch `whole` on every group of the plan served its whole share; every group that finished
+    /// ran its shares' steps.
+    fn check_epochs(&self, whole: usize) {
+        let plan = &self.plan;
+        let per_epoch = |g: u64| SCALED_SAMPLES / g / SCALED_BATCH;
+        for (e, &planned) in plan.iter().enumerate() {
+            let mut seen = BTreeSet::new();
+            for (g, (batches, finished)) in self.groups.iter().enumerate() {
+                let mine: Vec<_> = batches.iter().filter(|b| b.0 == e as u64).collect();
+                let share = if (g as u64) < planned { per_epoch(planned) } else { 0 };
+                if finished.is_some() {
+                    assert_eq!(mine.len() as u64, share, "group {g}, epoch {e} of plan {plan:?}");
+                } else {
+                    assert!(mine.len() as u64 <= share, "stopped group {g}, epoch {e} of plan {plan:?}");
+                }
+                for id in mine.iter().flat_map(|b| b.2.iter()) {
+                    assert!(seen.insert(*id), "sample {id} seen twice in epoch {e} (plan {plan:?})");
+                }
+            }
+            if e >= whole {
+                let all = per_epoch(planned) * planned * SCALED_BATCH;
+                assert_eq!(seen.len() as u64, all, "epoch {e}: every share trained (plan {plan:?})");
             }
         }
-        assert_eq!(seen.len() as u64, per_epoch(planned) * planned * batch, "epoch {e}: every share trained");
-    }
-    for (g, w) in groups.iter().enumerate() {
-        let own: u64 = plan.iter().filter(|&&p| (g as u64) < p).map(|&p| per_epoch(p)).sum();
-        assert_eq!(w.finished()["steps"].as_u64(), Some(own), "group {g} runs its shares of plan {plan:?}");
+        for (g, (_, finished)) in self.groups.iter().enumerate() {
+            let Some(finished) = finished else { continue };
+            let own: u64 = plan.iter().filter(|&&p| (g as u64) < p).map(|&p| per_epoch(p)).sum();
+            assert_eq!(finished["steps"].as_u64(), Some(own), "group {g} runs its shares of plan {plan:?}");
+        }
     }
 }
