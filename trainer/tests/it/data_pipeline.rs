@@ -220,7 +220,7 @@ fn an_image_source_given_another_share_at_an_epoch_serves_that_shares_batches() 
 
 /// The samples a worker's log says it served: (epoch, batch, ids), from its `tandem::samples`
 /// trace lines.
-fn served(log: &str) -> Vec<(u64, u64, Vec<u32>)> {
+fn served(log: &str) -> Vec<Served> {
     log.lines()
         .filter_map(|l| l.split_once("tandem::samples: ").map(|(_, rest)| rest))
         .map(|rest| {
@@ -461,12 +461,15 @@ fn a_ps_job_scaled_down_splits_the_epochs_planned_after_over_the_groups_left() {
     run.check_epochs(first);
 }
 
+/// A batch a worker served: (epoch, batch, sample ids).
+type Served = (u64, u64, Vec<u32>);
+
 /// What a scaled run left: the epoch plan, and what each group served and ran.
 struct Scaled {
     plan: Vec<u64>,
     /// Per group: (epoch, batch, ids) of each batch it served, and its `finished` line (`None`
     /// for a group that was stopped).
-    groups: Vec<(Vec<(u64, u64, Vec<u32>)>, Option<serde_json::Value>)>,
+    groups: Vec<(Vec<Served>, Option<serde_json::Value>)>,
 }
 
 // 960 samples in batches of 8: 60 batches an epoch on each of 2 ranks, 40 on each of 3.
