@@ -312,7 +312,7 @@ fn stopped_mid_epoch_and_restarted(algorithm: &str) {
     let mut seen = BTreeSet::new();
     for rank in 0..2 {
         // What the steps trained on: the first attempt's batches up to the stop, then the restart's.
-        let first: Vec<(u64, u64, Vec<u32>)> = served(&ranks[rank].log_text());
+        let first: Vec<Served> = served(&ranks[rank].log_text());
         let mut second = served(&again[rank].log_text());
         assert_eq!(first.len() as u64, step, "rank {rank}: one batch per completed step");
         // A PS job's restarted rank reads its way from its last report's cursor to the step: those
