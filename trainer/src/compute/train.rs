@@ -618,6 +618,11 @@ impl Trainer {
     /// skipped sample would be.
     pub fn seek_data(&mut self, cursor: DataCursor) -> Result<(), TrainError> {
         let here = self.loader.cursor();
+        if cursor.batch == 0 && here.batch == 0 && cursor.epoch < here.epoch {
+            // Saved at the end of an epoch, which the epoch plan follows with epochs this rank
+            // sits out: the stream starts the next epoch it trains, as it would have.
+            return Ok(());
+        }
         if (cursor.epoch, cursor.batch) != (here.epoch, here.batch) {
             return Err(TrainError::Config(format!(
                 "the checkpoint's data cursor (epoch {}, batch {}) is not at its step {}: it was written for other data",

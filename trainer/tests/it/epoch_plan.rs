@@ -74,6 +74,12 @@ fn a_run_in_epochs_takes_each_epochs_share_of_the_plan_and_counts_its_steps_by_i
     t.step(&mut u).unwrap();
     assert_eq!((t.cursor().epoch, t.cursor().batch), (1, 1), "epoch 1 on the plan's world of 2");
     assert_eq!(t.total_steps(), 44 + 3 * 22, "counted with epoch 1's share for the epochs left");
+    for _ in 45..44 + 22 {
+        t.step(&mut u).unwrap();
+    }
+    // The cursor a report at the end of epoch 1 carries: epoch 2, which this rank sits out.
+    let end_of_1 = t.cursor();
+    assert_eq!((end_of_1.epoch, end_of_1.batch), (2, 0));
     let summary = t.run(&mut u, &Cadence::of(&spec, None), &mut |_| {}).unwrap();
     assert_eq!(summary.steps, 44 + 22 + 14, "epoch 2 sat out, epoch 3 a third");
     assert_eq!(t.total_steps(), summary.steps);
@@ -89,6 +95,11 @@ fn a_run_in_epochs_takes_each_epochs_share_of_the_plan_and_counts_its_steps_by_i
         assert_eq!((again.cursor().epoch, again.cursor().batch), at, "step {step}");
         assert_eq!(again.step_count(), step);
         assert_eq!(again.total_steps(), total, "step {step}");
+        if step == 44 + 22 {
+            // A restarted group continues its stream from that report's cursor.
+            again.seek_data(end_of_1).unwrap();
+            assert_eq!((again.cursor().epoch, again.cursor().batch), (3, 0));
+        }
         let summary = again.run(&mut u, &Cadence::of(&spec, None), &mut |_| {}).unwrap();
         assert_eq!(summary.steps, 44 + 22 + 14, "resumed at {step}");
     }
