@@ -305,7 +305,8 @@ impl Cadence {
 /// What [`Trainer::run`] returns.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RunSummary {
-    /// The step the run ended at (the job's step count).
+    /// The step the run ended at (the job's step count; in a run in epochs, as its epoch plan
+    /// counted it).
     pub steps: u64,
     /// The step it started from (above 0 after a resume).
     pub start_step: u64,

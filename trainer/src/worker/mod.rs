@@ -133,7 +133,8 @@ pub struct Place {
 /// What a finished worker reports.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
-    /// The step this rank's group ended at (the job's step count).
+    /// The step this rank's group ended at (the job's step count; in a run in epochs, the steps
+    /// of its shares of the job's epoch plan).
     pub steps: u64,
     /// The step it started from (above 0 for a restarted group that resumed).
     pub start_step: u64,

@@ -699,7 +699,7 @@ impl ShardState {
                         steps = w.total_steps,
                         its_plan = total_steps,
                         "a worker whose plan counts another step count (its config has another group \
-                         count, as after scaling an epochs job) runs the job's"
+                         count, as after scaling an epochs job) takes the job's learning-rate schedule"
                     );
                 }
                 Some(w) => {

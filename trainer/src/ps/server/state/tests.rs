@@ -283,7 +283,7 @@ fn ranges_outside_the_shard_and_workers_of_another_run_are_refused() {
 #[test]
 fn a_worker_whose_plan_counts_other_steps_is_welcomed_with_the_runs_length() {
     // A group added by scaling an `epochs` job splits each epoch over more ranks, so its own
-    // plan has fewer steps: it runs the job's, and the schedule keeps its length.
+    // plan has fewer steps: it is told the job's, and the schedule keeps its length.
     let mut net = Net::new(config(PsMode::Sync, 1, 0));
     net.joined_worker(1, 0, 4, &[1.0, 1.0, 1.0, 1.0]);
     net.connect(2);
