@@ -931,6 +931,9 @@ impl ShardState {
         g.pending.insert(local);
         if g.pending.covered == len {
             g.clock += 1;
+            if !repeated {
+                g.contributed = Some(step.saturating_add(1));
+            }
             match mode {
                 _ if repeated => {
                     tracing::debug!(
@@ -941,9 +944,8 @@ impl ShardState {
                     );
                     g.pending.clear();
                 }
-                PsMode::Sync => g.contributed = Some(step.saturating_add(1)),
+                PsMode::Sync => {}
                 PsMode::Async { .. } => {
-                    g.contributed = Some(step.saturating_add(1));
                     if let Some(opt) = self.optimizer.as_mut() {
                         opt.step(&mut w.values, &g.grad, g.clock - 1);
                     }
@@ -952,7 +954,6 @@ impl ShardState {
                     self.after_update(out);
                 }
                 PsMode::Elastic { .. } => {
-                    g.contributed = Some(step.saturating_add(1));
                     g.pending.clear();
                     self.version += 1;
                     self.after_update(out);
