@@ -49,6 +49,10 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// it belongs to. Version 9: shard 0 holds the job's epoch plan (`get-epochs`, `epochs`).
 pub const PROTOCOL_VERSION: u8 = 9;
 
+/// Most epochs an epoch plan may hold ([`Frame::GetEpochs`]): a request beyond it is refused,
+/// not allocated.
+pub const MAX_EPOCHS: u64 = 1 << 20;
+
 /// Largest frame body a server reads before the hello has proven the token (a hello is 77 bytes).
 pub const MAX_HELLO_FRAME: usize = 128;
 /// The kind byte of [`Frame::Hello`].

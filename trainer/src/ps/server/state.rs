@@ -51,7 +51,9 @@ use crate::util::token;
 
 use super::optim::ShardOptimizer;
 use crate::ps::shard;
-use crate::ps::wire::{ErrorCode, Frame, NONCE_LEN, Peer, Progress, WireError, hello_proof, welcome_proof};
+use crate::ps::wire::{
+    ErrorCode, Frame, MAX_EPOCHS, NONCE_LEN, Peer, Progress, WireError, hello_proof, welcome_proof,
+};
 use tandem_api::PsMode;
 
 /// Identifies one connection for the lifetime of a server.
@@ -80,9 +82,6 @@ pub struct ShardConfig {
     /// The job config's group count when the server starts (shard 0's first epoch plan).
     pub groups: u32,
 }
-
-/// Most epochs an epoch plan may hold: a request beyond it is refused, not allocated.
-pub const MAX_EPOCHS: u64 = 1 << 20;
 
 /// The refusal of a hello whose proof does not match the job token.
 pub const WRONG_TOKEN: &str = "wrong job token: the hello's proof does not match this job's token; workers and \
