@@ -525,29 +525,34 @@ impl Trainer {
                 return Ok(false);
             }
             let share = update.epoch_share(at.epoch)?;
-            let before = self.planned.map(|(_, s)| s);
-            self.planned = Some((at.epoch, share));
-            match share {
-                EpochShare::AsBuilt => return Ok(true),
-                EpochShare::Slice { rank, world } => {
-                    if before != Some(share) {
-                        self.loader.set_share(rank, world, at)?;
-                    }
-                    if let Some(n) = self.epochs {
-                        let done = self.step.saturating_sub(at.batch);
-                        self.total_steps = done + self.loader.batches_per_epoch() * (n - at.epoch);
-                    }
-                    return Ok(true);
-                }
-                EpochShare::Out => {
-                    tracing::info!(
-                        epoch = at.epoch,
-                        "the job's plan splits this epoch over other groups; skipping it"
-                    );
-                    self.loader.seek(DataCursor::at(at.epoch + 1, 0))?;
-                }
+            if share != EpochShare::Out {
+                self.take_share(share, at)?;
+                return Ok(true);
             }
+            self.planned = Some((at.epoch, share));
+            tracing::info!(
+                epoch = at.epoch,
+                "the job's plan splits this epoch over other groups; skipping it"
+            );
+            self.loader.seek(DataCursor::at(at.epoch + 1, 0))?;
         }
+    }
+
+    /// Serves `share` of the epoch of `at` from `at` on (the source's share changes only when
+    /// the plan's does), and counts a run in epochs anew: the steps done before the epoch, plus
+    /// this share for it and every later epoch.
+    fn take_share(&mut self, share: EpochShare, at: DataCursor) -> Result<(), TrainError> {
+        let before = self.planned.map(|(_, s)| s);
+        self.planned = Some((at.epoch, share));
+        let EpochShare::Slice { rank, world } = share else { return Ok(()) };
+        if before != Some(share) {
+            self.loader.set_share(rank, world, at)?;
+        }
+        if let Some(n) = self.epochs {
+            let done = self.step.saturating_sub(at.batch);
+            self.total_steps = done + self.loader.batches_per_epoch() * (n - at.epoch);
+        }
+        Ok(())
     }
 
     /// One training step: gradient of the next batch, then `update` turns it into new parameters.
@@ -558,6 +563,11 @@ impl Trainer {
                 self.step
             )));
         }
+        self.planned_step(update)
+    }
+
+    /// [`Trainer::step`] on a data source already placed by [`Trainer::plan_epoch`].
+    fn planned_step(&mut self, update: &mut dyn GradientStep) -> Result<StepReport, TrainError> {
         let (batch, at) = self.compute_gradient()?;
         let lr = self.schedule.at(self.step);
         let parts = self.store.parts();
@@ -595,14 +605,8 @@ impl Trainer {
                 EpochShare::Out => 0,
             };
             if left < per_epoch {
-                // Planned from batch 0 of the epoch, so that its step count is the epoch's.
                 self.planned = None;
-                self.loader.seek(DataCursor::at(epoch, 0))?;
-                self.step = step - left;
-                self.plan_epoch(update)?;
-                self.step = step;
-                self.loader.seek(DataCursor::at(epoch, left))?;
-                return Ok(());
+                return self.take_share(share, DataCursor::at(epoch, left));
             }
             left -= per_epoch;
             epoch += 1;
@@ -772,7 +776,7 @@ impl Trainer {
                 break;
             }
             let t0 = Instant::now();
-            let r = self.step(update)?;
+            let r = self.planned_step(update)?;
             let total = self.total_steps;
             let took = t0.elapsed().as_secs_f64();
             train_time += took;
