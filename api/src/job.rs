@@ -60,7 +60,7 @@ const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 l
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.parameterServers.replicas == 0").message("algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd"))]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.workers.groups == 1").message("algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid"))]
 #[x_kube(validation = Rule::new("self.training.algorithm == 'allreduce' || self.parameterServers.replicas >= 1").message("algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1"))]
-#[x_kube(validation = Rule::new("!has(self.runPolicy.stallTimeoutSeconds) || self.parameterServers.replicas >= 1").message("runPolicy.stallTimeoutSeconds watches the step a parameter server reports, and this job has none: unset it, or use an algorithm with a parameter server"))]
+#[x_kube(validation = Rule::new("!(has(self.runPolicy) && has(self.runPolicy.stallTimeoutSeconds)) || self.parameterServers.replicas >= 1").message("runPolicy.stallTimeoutSeconds watches the step a parameter server reports, and this job has none: unset it, or use an algorithm with a parameter server"))]
 #[x_kube(validation = Rule::new("self.model.kind != 'gpt' || self.data.source in ['shakespeare', 'text', 'synthetic']").message("model kind gpt is a language model: use data.source shakespeare (characters of a text), text (your UTF-8 file or folder at data.path) or synthetic (random tokens)"))]
 #[x_kube(validation = Rule::new("!(self.data.source in ['shakespeare', 'text']) || self.model.kind == 'gpt'").message("data.source shakespeare and text are texts: train them with model.kind gpt"))]
 #[x_kube(validation = Rule::new("self.network.transport != 'infiniband' || self.workers.backend == 'mpi'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
@@ -617,8 +617,8 @@ pub struct LoaderSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.steps) != has(self.epochs)").message("set exactly one of training.steps and training.epochs"))]
-#[x_kube(validation = Rule::new("self.algorithm != 'easgd' || self.easgd.tau >= 1").message("algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)"))]
-#[x_kube(validation = Rule::new("self.algorithm != 'easgd' || (self.easgd.alpha > 0.0 && self.easgd.alpha <= 1.0)").message("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]"))]
+#[x_kube(validation = Rule::new("self.algorithm != 'easgd' || !has(self.easgd) || !has(self.easgd.tau) || self.easgd.tau >= 1").message("algorithm easgd needs training.easgd.tau >= 1 (steps between elastic exchanges with the parameter server)"))]
+#[x_kube(validation = Rule::new("self.algorithm != 'easgd' || !has(self.easgd) || !has(self.easgd.alpha) || (self.easgd.alpha > 0.0 && self.easgd.alpha <= 1.0)").message("training.easgd.alpha is the elastic moving rate and must lie in (0, 1]"))]
 pub struct TrainingSpec {
     /// How workers and parameter servers combine gradients.
     #[serde(default)]
@@ -765,7 +765,7 @@ pub enum OptimizerKind {
 /// Learning-rate schedule: linear warm-up, then constant, step decay or cosine decay.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.kind != 'step' || self.stepSize >= 1").message("schedule kind step needs stepSize >= 1"))]
+#[x_kube(validation = Rule::new("!has(self.kind) || self.kind != 'step' || (has(self.stepSize) && self.stepSize >= 1)").message("schedule kind step needs stepSize >= 1"))]
 pub struct ScheduleSpec {
     /// `constant`, `step` or `cosine`.
     #[serde(default)]
@@ -1091,7 +1091,7 @@ pub enum CleanPodPolicy {
 /// Gang scheduling and placement.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.queue) || self.gang").message("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true"))]
+#[x_kube(validation = Rule::new("!has(self.queue) || (has(self.gang) && self.gang)").message("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true"))]
 pub struct SchedulingPolicy {
     /// Create a PodGroup so that all pods of the job are scheduled together or not at all.
     #[serde(default)]

@@ -6,12 +6,14 @@
 //! the run policy ([`policy`]) decides restarts alike on a cluster and on one machine.
 
 pub mod contract;
+pub mod crd;
 pub mod job;
 pub mod manifest;
 pub mod plan;
 pub mod policy;
 
 pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine};
+pub use crd::crd;
 pub use job::*;
 pub use manifest::ManifestError;
 pub use plan::{JobPlan, PlanError, PsMode};

@@ -7,13 +7,12 @@
 //! [`TrainingJob`] it returns; [`crate::TrainingJobSpec::validate`] runs the same checks on a
 //! spec already in memory.
 //!
-//! Guarantees: the schema is [`TrainingJob::crd`], the one `crdgen` writes into `crds/`, so a rule
+//! Guarantees: the schema is [`crate::crd()`], the one `crdgen` writes into `crds/`, so a rule
 //! added to the types reaches both front doors at once. Every problem found is reported, each
 //! prefixed with the field path the API server would name (`spec.training.steps: …`).
 
 use std::sync::OnceLock;
 
-use kube::CustomResourceExt;
 use serde_json::Value;
 
 use crate::job::{GROUP, TrainingJob, VERSION};
@@ -98,7 +97,7 @@ pub fn admit(object: Value) -> Result<Value, ManifestError> {
 fn schema() -> &'static Value {
     static SCHEMA: OnceLock<Value> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        serde_json::to_value(TrainingJob::crd())
+        serde_json::to_value(crate::crd())
             .ok()
             .and_then(|crd| crd.pointer("/spec/versions/0/schema/openAPIV3Schema").cloned())
             .unwrap_or(Value::Null)

@@ -5,13 +5,12 @@
 
 use crate::common;
 
-use kube::CustomResourceExt;
 use kube_cel::Validator;
 use serde_json::Value;
 use tandem_api::{TrainingJob, TrainingJobSpec};
 
 fn schema() -> Value {
-    let crd = serde_json::to_value(TrainingJob::crd()).expect("CRD serialises");
+    let crd = serde_json::to_value(tandem_api::crd()).expect("CRD serialises");
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 

@@ -1,0 +1,145 @@
+//! The TrainingJob CRD as installed (`crds/`, the chart) and as the local runner checks it: the
+//! types' generated schema with most defaults left to the readers.
+//!
+//! Defaults are the api crate's own (`#[serde(default)]`): the operator, the trainer and
+//! `kubectl tandem` decode a job through these types and see every field filled. The API server
+//! stores only the defaults that the CEL rules and the scale subresource read ([`STORED_DEFAULTS`]:
+//! the data source, the model kind, the algorithm, the shape and backend of the worker groups, the
+//! parameter servers' replicas and the transport), so that those rules read them as plain fields;
+//! every other default stays out of the stored object, as the MPI Operator's MPIJobs do, and the
+//! API server validates, stores and encodes a smaller TrainingJob on every create and status write
+//! (`make bench-operator` measures the creates). A rule that reads a field outside that list guards
+//! it with `has()`, and accepts its absence only where the types' default passes the rule. Each
+//! default taken out is written into its field's description, so `kubectl explain` still shows it.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
+use kube::CustomResourceExt;
+
+use crate::job::TrainingJob;
+
+/// Paths (from the object's root) whose default the API server stores: the fields the CEL rules read
+/// without `has()`, the objects that hold them, and `spec.workers.groups`, which the scale
+/// subresource and the `Groups` column read. An object's stored default keeps only these fields.
+pub const STORED_DEFAULTS: &[&str] = &[
+    "spec.data",
+    "spec.data.source",
+    "spec.model",
+    "spec.model.kind",
+    "spec.network",
+    "spec.network.transport",
+    "spec.parameterServers",
+    "spec.parameterServers.replicas",
+    "spec.training.algorithm",
+    "spec.workers",
+    "spec.workers.backend",
+    "spec.workers.groups",
+    "spec.workers.groupSize",
+    "spec.workers.maxGroups",
+    "spec.workers.minGroups",
+];
+
+/// The CRD that `crdgen` writes into `crds/` and the chart.
+pub fn crd() -> CustomResourceDefinition {
+    let mut crd = TrainingJob::crd();
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+            unstore_defaults(schema, "");
+        }
+    }
+    crd
+}
+
+/// Moves every default under `schema` (at `path`) out of the schema, into the description of a
+/// field that is not an object, except those in [`STORED_DEFAULTS`].
+fn unstore_defaults(schema: &mut JSONSchemaProps, path: &str) {
+    if STORED_DEFAULTS.contains(&path) {
+        if let Some(serde_json::Value::Object(fields)) = schema.default.as_mut().map(|d| &mut d.0) {
+            fields.retain(|name, _| STORED_DEFAULTS.contains(&format!("{path}.{name}").as_str()));
+        }
+    } else if let Some(default) = schema.default.take()
+        && schema.type_.as_deref() != Some("object")
+    {
+        let shown = match &default.0 {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let text = schema.description.take().unwrap_or_default();
+        let sep = if text.is_empty() || text.ends_with('.') { " " } else { ". " };
+        schema.description = Some(format!("{text}{sep}Default: `{shown}`.").trim_start().to_owned());
+    }
+    for (name, sub) in schema.properties.iter_mut().flatten() {
+        let sub_path = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
+        unstore_defaults(sub, &sub_path);
+    }
+    match schema.items.as_mut() {
+        Some(JSONSchemaPropsOrArray::Schema(item)) => unstore_defaults(item, &format!("{path}[]")),
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => {
+            items.iter_mut().for_each(|item| unstore_defaults(item, &format!("{path}[]")))
+        }
+        None => {}
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(values)) = schema.additional_properties.as_mut() {
+        unstore_defaults(values, &format!("{path}{{}}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every path under `schema` (at `path`) whose schema has a default, with the default.
+    fn defaults(schema: &JSONSchemaProps, path: &str, out: &mut Vec<(String, serde_json::Value)>) {
+        if let Some(default) = &schema.default {
+            out.push((path.to_owned(), default.0.clone()));
+        }
+        for (name, sub) in schema.properties.iter().flatten() {
+            defaults(sub, &if path.is_empty() { name.clone() } else { format!("{path}.{name}") }, out);
+        }
+        if let Some(JSONSchemaPropsOrArray::Schema(item)) = &schema.items {
+            defaults(item, &format!("{path}[]"), out);
+        }
+    }
+
+    fn root(crd: &CustomResourceDefinition) -> &JSONSchemaProps {
+        crd.spec.versions[0].schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()).expect("a schema")
+    }
+
+    fn field<'a>(schema: &'a JSONSchemaProps, path: &str) -> &'a JSONSchemaProps {
+        path.split('.').fold(schema, |s, name| &s.properties.as_ref().expect("an object")[name])
+    }
+
+    #[test]
+    fn the_api_server_stores_exactly_the_listed_defaults_and_as_the_types_give_them() {
+        let (generated, installed) = (TrainingJob::crd(), crd());
+        let mut stored = Vec::new();
+        defaults(root(&installed), "", &mut stored);
+        let paths: Vec<&str> = stored.iter().map(|(p, _)| p.as_str()).collect();
+        let mut listed = STORED_DEFAULTS.to_vec();
+        listed.sort_unstable();
+        // A listed field the types renamed or lost its default would leave a rule reading nothing.
+        assert_eq!(paths, listed, "the stored defaults are not STORED_DEFAULTS");
+        for (path, default) in &stored {
+            let types = &field(root(&generated), path).default.as_ref().expect("the types' default").0;
+            match (default, types) {
+                (serde_json::Value::Object(kept), serde_json::Value::Object(all)) => {
+                    for (name, value) in kept {
+                        assert_eq!(Some(value), all.get(name), "{path}.{name}");
+                    }
+                }
+                _ => assert_eq!(default, types, "{path}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_default_left_out_is_shown_in_its_fields_description() {
+        let installed = crd();
+        let batch = field(root(&installed), "spec.data.batchSize");
+        assert!(batch.default.is_none());
+        let text = batch.description.as_deref().unwrap_or_default();
+        assert!(text.ends_with("Default: `64`."), "{text}");
+        assert!(field(root(&installed), "spec.runPolicy").default.is_none());
+    }
+}
