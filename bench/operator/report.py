@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Side-by-side table of the operator benchmark (bench/operator/run.sh), with ratios Tandem / MPI Operator.
 
-Reads OUT/run-tandem.json and OUT/run-mpi.json (bench.py's records) and OUT/creates.json (creation with no
-operator running, where run.sh measured it), prints the tables, writes
+Reads OUT/run-tandem.json and OUT/run-mpi.json (bench.py's records, where run.sh ran the operators) and
+OUT/creates.json (creation with no operator running, where run.sh measured it), prints the tables, writes
 OUT/operator.json (both records without the per-pod times, and the ratios) and, where matplotlib is there,
 OUT/operator.png (pods existing and Running over time, and operator RSS, for both operators).
 
@@ -41,8 +41,9 @@ def main():
         p = os.path.join(a.out, f"run-{kind}.json")
         if os.path.exists(p):
             runs[kind] = json.load(open(p))
-    if not runs:
-        sys.exit(f"report.py: no run-*.json in {a.out}; did bench/operator/run.sh run?")
+    creates_path = os.path.join(a.out, "creates.json")
+    if not runs and not os.path.exists(creates_path):
+        sys.exit(f"report.py: no run-*.json and no creates.json in {a.out}; did bench/operator/run.sh run?")
 
     rows = [
         ("jobs", lambda r: r["jobs"], ""),
@@ -62,32 +63,32 @@ def main():
         ("operator CPU (s)", lambda r: r["cpu_s"], ""),
         ("API requests (all clients)", lambda r: r["apiserver_requests_total"], ""),
     ]
-    t, m = runs.get("tandem"), runs.get("mpi")
-    print(f"\nOperator benchmark: {next(iter(runs.values()))['jobs']} jobs on {next(iter(runs.values()))['nodes']} "
-          f"kwok nodes (MPI Operator {a.mpi_operator_version}, rate limits (rate/burst) {a.mpi_qps})")
-    print(f"{'':32} {'Tandem':>12} {'MPI Operator':>13} {'Tandem/MPI':>11}")
     ratios = {}
-    for label, f, unit in rows:
-        tv = f(t) if t else None
-        mv = f(m) if m else None
-        ratio = tv / mv if isinstance(tv, (int, float)) and isinstance(mv, (int, float)) and mv else None
-        if ratio is not None:
-            ratios[label] = ratio
-        print(f"{label:32} {fmt(tv):>12} {fmt(mv):>13} {fmt(ratio, 'x'):>11}")
-    for kind, r in runs.items():
-        if not r["complete"]:
-            print(f"NOTE: the {kind} run did not complete: {r['pods_seen']} pods seen, {r['pods_running']} Running")
-        print(f"load average at the end of the {kind} run: {' '.join(r['loadavg'])}")
-        top = list(r["apiserver_requests"].items())[:8]
-        print(f"  API requests during the {kind} run, top: " + ", ".join(f"{k} {v}" for k, v in top))
+    if runs:
+        t, m = runs.get("tandem"), runs.get("mpi")
+        print(f"\nOperator benchmark: {next(iter(runs.values()))['jobs']} jobs on {next(iter(runs.values()))['nodes']} "
+              f"kwok nodes (MPI Operator {a.mpi_operator_version}, rate limits (rate/burst) {a.mpi_qps})")
+        print(f"{'':32} {'Tandem':>12} {'MPI Operator':>13} {'Tandem/MPI':>11}")
+        for label, f, unit in rows:
+            tv = f(t) if t else None
+            mv = f(m) if m else None
+            ratio = tv / mv if isinstance(tv, (int, float)) and isinstance(mv, (int, float)) and mv else None
+            if ratio is not None:
+                ratios[label] = ratio
+            print(f"{label:32} {fmt(tv):>12} {fmt(mv):>13} {fmt(ratio, 'x'):>11}")
+        for kind, r in runs.items():
+            if not r["complete"]:
+                print(f"NOTE: the {kind} run did not complete: {r['pods_seen']} pods seen, {r['pods_running']} Running")
+            print(f"load average at the end of the {kind} run: {' '.join(r['loadavg'])}")
+            top = list(r["apiserver_requests"].items())[:8]
+            print(f"  API requests during the {kind} run, top: " + ", ".join(f"{k} {v}" for k, v in top))
 
     # Creation alone: both kinds created with no operator running (bench.py --creates-alone), so that the
     # ratio is the API server's own cost per object (schema, defaulting, CEL rules, storage), not the
     # contention of an operator working on the jobs being created.
     creates = None
-    p = os.path.join(a.out, "creates.json")
-    if os.path.exists(p):
-        creates = json.load(open(p))
+    if os.path.exists(creates_path):
+        creates = json.load(open(creates_path))
         tc, mc = creates["tandem"], creates["mpi"]
         n = len(tc["rounds"])
         print(f"\nCreation alone, no operator running ({creates['jobs']} objects, median of {n} alternating rounds)")
@@ -105,7 +106,7 @@ def main():
         json.dump(summary, f, indent=1)
     print(json.dumps({"bench": "operator", "ratio_tandem_over_mpi": ratios}))
 
-    plt = pyplot("report.py")
+    plt = pyplot("report.py") if runs else None  # creation alone (OPERATORS=" ") has no curves to plot
     if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))

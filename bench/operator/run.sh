@@ -10,8 +10,8 @@
 # server's own cost per object, without the contention of an operator working on the jobs as they come.
 #
 # Usage: bench/operator/run.sh        (or: make bench-operator)
-# Environment: N_JOBS (1000), N_NODES (50), OPERATORS ("tandem mpi"), BENCH_TIMEOUT (seconds a run may take,
-#   1800), CREATE_ROUNDS (alternating rounds of creation alone, 5; 0 skips it),
+# Environment: N_JOBS (1000), N_NODES (50), OPERATORS ("tandem mpi"; " " measures creation alone only),
+#   BENCH_TIMEOUT (seconds a run may take, 1800), CREATE_ROUNDS (alternating rounds of creation alone, 5; 0 skips it),
 #   MPI_OPERATOR_QPS / MPI_OPERATOR_BURST (its client-side API rate limit; default 1000/2000, i.e. as
 #   unthrottled as tandem-operator's kube-rs client, which has none; the MPI Operator's own defaults are 5/10),
 #   MPI_OPERATOR_QUEUE_RATE / MPI_OPERATOR_QUEUE_BURST (the token bucket every enqueue of its work queue
