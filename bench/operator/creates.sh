@@ -17,6 +17,7 @@ ROUNDS="${ROUNDS:-5}"
 PATCHED="${PATCHED:-0}"
 # shellcheck source=scripts/controlplane/versions.sh
 source scripts/controlplane/versions.sh
+export PATH="$K8S_BIN:$PATH" # kubectl; both servers' control planes have the same one
 export TANDEM_CLUSTER_DIR="${TANDEM_CLUSTER_DIR:-/tmp/tandem-cluster-creates}"
 OUT="$root/target/bench/operator"
 mkdir -p "$OUT"
@@ -96,12 +97,12 @@ for server in "${servers[@]}"; do
     || die "the control plane did not start (logs in $TANDEM_CLUSTER_DIR/logs)"
   eval "$(printf '%s\n' "$up" | tail -n 1)"
   export KUBECONFIG
-  PATH="$cache/k8s/v$K8S_VERSION/bin:$PATH" kubectl apply --server-side -f "$MPI_CRD" >/dev/null \
+  kubectl apply --server-side -f "$MPI_CRD" >/dev/null \
     || die "installing the MPIJob CRD failed"
   for variant in installed no-rules; do
     crd="$installed"
     [ "$variant" = installed ] || crd="$norules"
-    PATH="$cache/k8s/v$K8S_VERSION/bin:$PATH" kubectl apply --server-side --force-conflicts -f "$crd" >/dev/null \
+    kubectl apply --server-side --force-conflicts -f "$crd" >/dev/null \
       || die "installing the TrainingJob CRD ($variant) failed"
     sleep 5 # the new schema reaches every handler
     log "kube-apiserver $server, CRD $variant: $ROUNDS rounds of $N_JOBS creates of each kind"
