@@ -13,11 +13,14 @@
 //! default taken out is written into its field's description, so `kubectl explain` still shows it.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool, ValidationRule,
 };
+
 use kube::CustomResourceExt;
 
-use crate::job::TrainingJob;
+use crate::job::{NAME_MESSAGE, NAME_RULE, TrainingJob};
+
+mod rules;
 
 /// Paths (from the object's root) whose default the API server stores: the fields the CEL rules read
 /// without `has()`, the objects that hold them, and `spec.workers.groups`, which the scale
@@ -40,15 +43,57 @@ pub const STORED_DEFAULTS: &[&str] = &[
     "spec.workers.minGroups",
 ];
 
-/// The CRD that `crdgen` writes into `crds/` and the chart.
+/// The CRD that `crdgen` writes into `crds/` and the chart: [`as_written`] with the spec's rules
+/// compiled into one ([`rules`]), which the API server evaluates in half the time.
 pub fn crd() -> CustomResourceDefinition {
+    let mut crd = as_written();
+    let always: Vec<&str> = STORED_DEFAULTS.iter().filter_map(|p| p.strip_prefix("spec.")).collect();
+    for version in &mut crd.spec.versions {
+        if let Some(spec) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("spec"))
+        {
+            rules::compile_spec_rules(spec, &always);
+        }
+    }
+    crd
+}
+
+/// The CRD with each rule where the types state it, on the narrowest object that holds its fields,
+/// and most defaults left to the readers: what the local runner checks a manifest against (its
+/// errors name the object a rule is about), and what [`crd`] compiles.
+pub fn as_written() -> CustomResourceDefinition {
     let mut crd = TrainingJob::crd();
     for version in &mut crd.spec.versions {
         if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
             unstore_defaults(schema, "");
+            restrict_name(schema);
         }
     }
     crd
+}
+
+/// Gives the object's `metadata.name` the name rule ([`NAME_RULE`]). `metadata` may restrict
+/// nothing but `name` and `generateName`.
+fn restrict_name(root: &mut JSONSchemaProps) {
+    let name = JSONSchemaProps {
+        type_: Some("string".to_owned()),
+        x_kubernetes_validations: Some(vec![ValidationRule {
+            rule: NAME_RULE.to_owned(),
+            message: Some(NAME_MESSAGE.to_owned()),
+            ..ValidationRule::default()
+        }]),
+        ..JSONSchemaProps::default()
+    };
+    let metadata = JSONSchemaProps {
+        type_: Some("object".to_owned()),
+        properties: Some([("name".to_owned(), name)].into()),
+        ..JSONSchemaProps::default()
+    };
+    root.properties.get_or_insert_with(Default::default).insert("metadata".to_owned(), metadata);
 }
 
 /// Moves every default under `schema` (at `path`) out of the schema, into the description of a
@@ -141,5 +186,51 @@ mod tests {
         let text = batch.description.as_deref().unwrap_or_default();
         assert!(text.ends_with("Default: `64`."), "{text}");
         assert!(field(root(&installed), "spec.runPolicy").default.is_none());
+    }
+
+    /// Every rule of an object, with where it sits (`spec.data`), over the whole schema.
+    fn rules(schema: &JSONSchemaProps, path: &str, out: &mut Vec<(String, ValidationRule)>) {
+        for rule in schema.x_kubernetes_validations.iter().flatten() {
+            out.push((path.to_owned(), rule.clone()));
+        }
+        for (name, sub) in schema.properties.iter().flatten() {
+            rules(sub, &if path.is_empty() { name.clone() } else { format!("{path}.{name}") }, out);
+        }
+        if let Some(JSONSchemaPropsOrArray::Schema(item)) = &schema.items {
+            rules(item, &format!("{path}[]"), out);
+        }
+    }
+
+    #[test]
+    fn the_installed_crd_evaluates_every_written_rule_with_its_message() {
+        let (mut written, mut installed) = (Vec::new(), Vec::new());
+        rules(root(&as_written()), "", &mut written);
+        rules(root(&crd()), "", &mut installed);
+        let compiled: Vec<_> = installed.iter().filter(|(_, r)| r.message_expression.is_some()).collect();
+        assert_eq!(compiled.len(), 1, "one compiled rule");
+        let (at, compiled) = compiled[0];
+        assert_eq!(at, "spec");
+        let text = compiled.message_expression.as_deref().unwrap_or_default();
+        let moved: Vec<_> = written.iter().filter(|w| !installed.contains(w)).collect();
+        // The spec's own rules and those of data, model, training and workers; transition rules and
+        // the rules of optional objects stay where they were written.
+        assert!(moved.len() >= 40, "only {} rules compiled", moved.len());
+        for (path, rule) in &moved {
+            assert!(
+                ["spec", "spec.data", "spec.model", "spec.training", "spec.workers"].contains(&path.as_str()),
+                "{path}"
+            );
+            assert!(!rule.rule.contains("oldSelf"), "{path}: a transition rule moved: {}", rule.rule);
+            let message = rule.message.as_deref().unwrap_or_default();
+            let quoted = message.replace('\\', "\\\\").replace('\'', "\\'");
+            assert!(text.contains(&quoted), "{path}: the message {message:?} is lost");
+        }
+        assert_eq!(installed.len(), written.len() - moved.len() + 1);
+        // A field whose presence the compiled rule tests by its key is not nullable (the API server
+        // prunes an explicit null, so a key present is a field set).
+        let installed_crd = crd();
+        let data = field(root(&installed_crd), "spec.data");
+        assert!(compiled.rule.contains("'tokens' in fields.data"));
+        assert_eq!(data.properties.as_ref().map(|p| p["tokens"].nullable), Some(None));
     }
 }

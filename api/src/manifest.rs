@@ -7,9 +7,11 @@
 //! [`TrainingJob`] it returns; [`crate::TrainingJobSpec::validate`] runs the same checks on a
 //! spec already in memory.
 //!
-//! Guarantees: the schema is [`crate::crd()`], the one `crdgen` writes into `crds/`, so a rule
-//! added to the types reaches both front doors at once. Every problem found is reported, each
-//! prefixed with the field path the API server would name (`spec.training.steps: …`).
+//! Guarantees: the schema is [`crate::crd::as_written`], the one `crdgen` writes into `crds/`
+//! before the spec's rules are compiled into one for the API server, so a rule added to the types
+//! reaches both front doors at once with the same message. Every problem found is reported, each
+//! prefixed with the field path of the object the rule is about (`spec.data: …`; the API server
+//! names `spec` for the compiled rules).
 
 use std::sync::OnceLock;
 
@@ -97,7 +99,7 @@ pub fn admit(object: Value) -> Result<Value, ManifestError> {
 fn schema() -> &'static Value {
     static SCHEMA: OnceLock<Value> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        serde_json::to_value(crate::crd())
+        serde_json::to_value(crate::crd::as_written())
             .ok()
             .and_then(|crd| crd.pointer("/spec/versions/0/schema/openAPIV3Schema").cloned())
             .unwrap_or(Value::Null)

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tandem_api::{TrainingJob, TrainingJobSpec};
 
 fn schema() -> Value {
-    let crd = serde_json::to_value(tandem_api::crd()).expect("CRD serialises");
+    let crd = serde_json::to_value(tandem_api::crd::as_written()).expect("CRD serialises");
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 

@@ -137,3 +137,53 @@ async fn backend_and_algorithm_cannot_change_but_groups_can() -> Result<()> {
     ns.cleanup().await?;
     Ok(())
 }
+
+/// The API server evaluates the spec's rules compiled into one (`tandem_api::crd`): a job that
+/// breaks rules of several objects hears of each, and an explicit `null` is a field left unset.
+#[tokio::test]
+async fn every_broken_rule_is_reported_and_null_fields_count_as_unset() -> Result<()> {
+    let cluster = cluster_with_crds().await?;
+    let ns = cluster.namespace("cel-compiled").await?;
+    let broken = serde_json::json!({
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "three-faults"},
+        "spec": {
+            "data": {"source": "mnist5k", "tokens": "characters"},
+            "model": {"kind": "resnet"},
+            "training": {"algorithm": "allreduce", "steps": 10, "epochs": 1},
+        },
+    });
+    let err =
+        cluster.create(ns.name(), &broken).await.err().context("a job breaking three rules was accepted")?;
+    let message = err.api_status().map(|s| s.message.clone()).unwrap_or_else(|| err.to_string());
+    for expected in [
+        "data.tokens says how a text is cut into tokens",
+        "model kind resnet needs model.depth",
+        "set exactly one of training.steps and training.epochs",
+    ] {
+        ensure!(message.contains(expected), "the refusal does not say {expected:?}: {message}");
+    }
+
+    let nulls = serde_json::json!({
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "null-fields"},
+        "spec": {
+            "data": {"source": "mnist5k", "tokens": null, "path": null},
+            "model": {"kind": "mlp", "depth": null},
+            "training": {"algorithm": "allreduce", "steps": 10, "epochs": null},
+        },
+    });
+    let stored =
+        cluster.create(ns.name(), &nulls).await.context("a job with null optional fields was refused")?;
+    for pointer in ["/spec/data/tokens", "/spec/data/path", "/spec/model/depth", "/spec/training/epochs"] {
+        ensure!(
+            stored.data.pointer(pointer).is_none(),
+            "{pointer} was stored: {:?}",
+            stored.data.pointer(pointer)
+        );
+    }
+    ns.cleanup().await?;
+    Ok(())
+}
