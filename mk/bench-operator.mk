@@ -15,6 +15,6 @@ bench-operator: cluster-bins
 bench-cel:
 	@bench/operator/celcost.sh
 
-## bench-creates: creation alone for the CRD as installed and without its CEL rules, against kube-apiserver as released and (PATCHED=1) with the CEL schema adaptor's per-access copy removed (N_JOBS, ROUNDS; bench/operator/creates.sh).
+## bench-creates: creation alone for the CRD as installed (rules compiled), as written and without its CEL rules, against kube-apiserver as released and (PATCHED=1) with the CEL schema adaptor's per-access copy removed (N_JOBS, ROUNDS; bench/operator/creates.sh).
 bench-creates: cluster-bins
 	@bench/operator/creates.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a TrainingJob create costs the API server, and where: creation alone (bench.py --creates-alone:
 # ROUNDS alternating rounds of N_JOBS TrainingJobs and N_JOBS MPIJobs, no operator running, medians) for
-# the CRD as installed (crds/) and for the same CRD without its CEL rules, against kube-apiserver as
+# the CRD as installed (crds/: the spec's rules compiled into one), as written (each rule where the
+# types state it: `xtask crdgen --as-written`) and without its CEL rules, against kube-apiserver as
 # released and, with PATCHED=1, against the same kube-apiserver built with
 # bench/operator/patches/apiextensions-properties-once.patch (the CEL adaptor of the structural schema
 # builds each object's map of property schemas once, instead of copying it on every field access of
@@ -65,7 +66,9 @@ fi
 
 # ---- the CRD's variants -------------------------------------------------------------------------------
 installed="$root/crds/tandem.dev_trainingjobs.yaml"
+written="$OUT/crd-as-written.yaml"
 norules="$OUT/crd-no-rules.yaml"
+cargo run -q -p xtask -- crdgen --as-written >"$written" || die "rendering the CRD as written failed; see above"
 python3 - "$installed" "$norules" <<'PY'
 import sys
 import yaml
@@ -99,9 +102,12 @@ for server in "${servers[@]}"; do
   export KUBECONFIG
   kubectl apply --server-side -f "$MPI_CRD" >/dev/null \
     || die "installing the MPIJob CRD failed"
-  for variant in installed no-rules; do
-    crd="$installed"
-    [ "$variant" = installed ] || crd="$norules"
+  for variant in installed as-written no-rules; do
+    case "$variant" in
+      installed) crd="$installed" ;;
+      as-written) crd="$written" ;;
+      *) crd="$norules" ;;
+    esac
     kubectl apply --server-side --force-conflicts -f "$crd" >/dev/null \
       || die "installing the TrainingJob CRD ($variant) failed"
     sleep 5 # the new schema reaches every handler
@@ -123,7 +129,7 @@ print(f"{'kube-apiserver':15} {'TrainingJob CRD':16} {'client: TJ':>10} {'MPIJob
       f"   {'CPU: TJ':>7} {'MPIJob':>7} {'TJ/MPI':>7}")
 summary = {}
 for server in servers:
-    for variant in ("installed", "no-rules"):
+    for variant in ("installed", "as-written", "no-rules"):
         d = json.load(open(f"{out}/creates-{server}-{variant}.json"))
         t, m = d["tandem"], d["mpi"]
         rc, rcpu = t["create_s"] / m["create_s"], t["apiserver_cpu_s"] / m["apiserver_cpu_s"]

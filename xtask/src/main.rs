@@ -1,5 +1,7 @@
 //! `cargo run -p xtask -- crdgen [--check]`: writes the TrainingJob CRD to `crds/` (and the
 //! chart's copy), or with `--check` fails when the committed files differ from the generated ones.
+//! `crdgen --as-written` prints the CRD with its rules as the types state them, before they are
+//! compiled for the API server (`make bench-creates` installs both).
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,14 @@ fn main() -> Result<()> {
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["crdgen"] => write_crds(false),
         ["crdgen", "--check"] => write_crds(true),
-        _ => bail!("usage: cargo run -p xtask -- crdgen [--check]"),
+        ["crdgen", "--as-written"] => {
+            print!(
+                "{}",
+                serde_yaml::to_string(&tandem_api::crd::as_written()).context("serialising the CRD")?
+            );
+            Ok(())
+        }
+        _ => bail!("usage: cargo run -p xtask -- crdgen [--check | --as-written]"),
     }
 }
 
