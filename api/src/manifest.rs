@@ -49,8 +49,10 @@ pub fn parse(text: &str) -> Result<TrainingJob, ManifestError> {
 }
 
 /// Checks a whole object (`apiVersion`, `kind`, `metadata`, `spec`) and returns it with the
-/// schema's defaults applied and integral numbers normalised to integers.
-pub fn admit(object: Value) -> Result<Value, ManifestError> {
+/// schema's defaults applied and integral numbers normalised to integers. A field given as `null`
+/// counts as unset, as on the API server (which prunes it, or keeps it and answers `has()` false).
+pub fn admit(mut object: Value) -> Result<Value, ManifestError> {
+    drop_nulls(&mut object);
     let Value::Object(fields) = &object else {
         return Err(ManifestError::one(
             "the manifest must be a mapping with apiVersion, kind, metadata and spec".to_owned(),
@@ -104,6 +106,18 @@ fn schema() -> &'static Value {
             .and_then(|crd| crd.pointer("/spec/versions/0/schema/openAPIV3Schema").cloned())
             .unwrap_or(Value::Null)
     })
+}
+
+/// Removes every field whose value is `null`, at any depth.
+fn drop_nulls(value: &mut Value) {
+    match value {
+        Value::Object(fields) => {
+            fields.retain(|_, v| !v.is_null());
+            fields.values_mut().for_each(drop_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 fn escape(key: &str) -> String {

@@ -17,11 +17,9 @@ fn main() -> Result<()> {
         ["crdgen"] => write_crds(false),
         ["crdgen", "--check"] => write_crds(true),
         ["crdgen", "--as-written"] => {
-            print!(
-                "{}",
-                serde_yaml::to_string(&tandem_api::crd::as_written()).context("serialising the CRD")?
-            );
-            Ok(())
+            let yaml =
+                serde_yaml::to_string(&tandem_api::crd::as_written()).context("serialising the CRD")?;
+            std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()).context("writing the CRD")
         }
         _ => bail!("usage: cargo run -p xtask -- crdgen [--check | --as-written]"),
     }

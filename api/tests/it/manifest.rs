@@ -43,3 +43,17 @@ fn integral_floats_are_integers_as_on_the_api_server() {
     assert_eq!(job.spec.training.steps, Some(10));
     assert_eq!(job.spec.data.synthetic_samples, Some(2000));
 }
+
+#[test]
+fn a_field_given_as_null_counts_as_unset_as_on_the_api_server() {
+    // The API server prunes these (the installed CRD makes them non-nullable) and admits the job.
+    let job = manifest::parse(
+        "apiVersion: tandem.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: nulls}\nspec:\n  \
+         data: {source: mnist5k, tokens: null, path: null, batchSize: null}\n  model: {kind: mlp, depth: null}\n  \
+         training: {algorithm: allreduce, steps: 10, epochs: null}\n",
+    )
+    .unwrap_or_else(|e| panic!("refused: {e}"));
+    assert_eq!(job.spec.data.path, None);
+    assert_eq!(job.spec.training.epochs, None);
+    assert_eq!(job.spec.data.batch_size, 64, "an unset batchSize takes its default");
+}
