@@ -15,7 +15,6 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool, ValidationRule,
 };
-
 use kube::CustomResourceExt;
 
 use crate::job::{NAME_MESSAGE, NAME_RULE, TrainingJob};
@@ -205,7 +204,8 @@ mod tests {
     fn the_installed_crd_evaluates_every_written_rule_with_its_message() {
         let (mut written, mut installed) = (Vec::new(), Vec::new());
         rules(root(&as_written()), "", &mut written);
-        rules(root(&crd()), "", &mut installed);
+        let installed_crd = crd();
+        rules(root(&installed_crd), "", &mut installed);
         let compiled: Vec<_> = installed.iter().filter(|(_, r)| r.message_expression.is_some()).collect();
         assert_eq!(compiled.len(), 1, "one compiled rule");
         let (at, compiled) = compiled[0];
@@ -228,7 +228,6 @@ mod tests {
         assert_eq!(installed.len(), written.len() - moved.len() + 1);
         // A field whose presence the compiled rule tests by its key is not nullable (the API server
         // prunes an explicit null, so a key present is a field set).
-        let installed_crd = crd();
         let data = field(root(&installed_crd), "spec.data");
         assert!(compiled.rule.contains("'tokens' in fields.data"));
         assert_eq!(data.properties.as_ref().map(|p| p["tokens"].nullable), Some(None));

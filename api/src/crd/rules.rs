@@ -56,15 +56,15 @@ pub(super) fn compile_spec_rules(spec: &mut JSONSchemaProps, always: &[&str]) {
     let required = spec.required.clone().unwrap_or_default();
     let mut hoisted = Vec::new();
     for &child in HOISTED {
-        let present = required.iter().any(|r| r == child) || always.contains(&child);
-        let Some(sub) = spec.properties.as_mut().and_then(|p| p.get_mut(child)) else { continue };
-        if !present {
+        if !(required.iter().any(|r| r == child) || always.contains(&child)) {
             continue;
         }
+        let Some(sub) = spec.properties.as_mut().and_then(|p| p.get_mut(child)) else { continue };
         // A rule on the object moves when every `self` in it reads a field of the object.
-        let rules = take_create_rules(sub, |rule| code_count(rule, "self") == code_count(rule, "self."));
+        let rules =
+            take_create_rules(sub, |rule| count(rule, "self") == occurrences(rule, "self.", false).len());
         parts.extend(rules.into_iter().map(|r| Part {
-            plain: replace_code(&r.rule, "self.", &format!("self.{child}.")).0,
+            plain: replace(&r.rule, "self.", &format!("self.{child}."), false).0,
             message: r.message.unwrap_or_default(),
         }));
         hoisted.push(child);
@@ -82,7 +82,7 @@ pub(super) fn compile_spec_rules(spec: &mut JSONSchemaProps, always: &[&str]) {
         for (name, field) in sub.properties.iter_mut().flatten() {
             let from = format!("has(self.{child}.{name})");
             for rule in &mut fast {
-                let (next, n) = replace_code(rule, &from, &format!("('{name}' in fields.{child})"));
+                let (next, n) = replace(rule, &from, &format!("('{name}' in fields.{child})"), false);
                 if n > 0 {
                     *rule = next;
                     tested = true;
@@ -104,13 +104,20 @@ pub(super) fn compile_spec_rules(spec: &mut JSONSchemaProps, always: &[&str]) {
             rest.push(format!("({rule})"));
             continue;
         };
-        match guarded.iter_mut().find(|(l, _, _)| *l == list) {
-            Some((_, all, rules)) => {
-                all.extend(fields.into_iter().filter(|f| !all.contains(f)).collect::<Vec<_>>());
-                rules.push(format!("({rule})"));
+        let at = match guarded.iter().position(|(l, _, _)| *l == list) {
+            Some(at) => at,
+            None => {
+                guarded.push((list, Vec::new(), Vec::new()));
+                guarded.len() - 1
             }
-            None => guarded.push((list, fields, vec![format!("({rule})")])),
+        };
+        let (_, all, rules) = &mut guarded[at];
+        for field in fields {
+            if !all.contains(&field) {
+                all.push(field);
+            }
         }
+        rules.push(format!("({rule})"));
     }
     for (list, fields, rules) in &guarded {
         let names = fields.iter().map(|f| format!("'{f}'")).collect::<Vec<_>>().join(", ");
@@ -119,7 +126,7 @@ pub(super) fn compile_spec_rules(spec: &mut JSONSchemaProps, always: &[&str]) {
     let mut body = rest.join(" && ");
     // Each object is read once; so is each always-present field read more than once.
     for &child in &hoisted {
-        body = replace_code(&body, &format!("self.{child}."), &format!("{child}.")).0;
+        body = replace(&body, &format!("self.{child}."), &format!("{child}."), false).0;
     }
     // Bindings are comprehensions, and each level of them costs every step of the evaluation
     // beneath it (cel-go looks its cost tracker up through them): values of one type share a level,
@@ -142,8 +149,9 @@ pub(super) fn compile_spec_rules(spec: &mut JSONSchemaProps, always: &[&str]) {
             Some("integer") => ("counts", &mut counts),
             _ => continue,
         };
-        if bounded_count(&body, &read) >= BIND_MIN {
-            body = replace_bounded(&body, &read, &format!("{map}.{key}"));
+        let (bound, reads) = replace(&body, &read, &format!("{map}.{key}"), true);
+        if reads >= BIND_MIN {
+            body = bound;
             into.push(format!("'{key}': {read}"));
         }
     }
@@ -207,12 +215,12 @@ fn guard(rule: &str) -> Option<(String, Vec<String>)> {
     Some((list?.to_owned(), fields))
 }
 
-/// Takes out of `schema` its rules that run on a create (those without `oldSelf`) and that `keep`
-/// accepts; leaves the others.
+/// Takes out of `schema` its rules that run on a create (those without `oldSelf`) and that
+/// `movable` accepts; leaves the others.
 fn take_create_rules(schema: &mut JSONSchemaProps, movable: impl Fn(&str) -> bool) -> Vec<ValidationRule> {
     let Some(rules) = schema.x_kubernetes_validations.take() else { return Vec::new() };
     let (taken, kept): (Vec<_>, Vec<_>) =
-        rules.into_iter().partition(|r| code_count(&r.rule, "oldSelf") == 0 && movable(&r.rule));
+        rules.into_iter().partition(|r| count(&r.rule, "oldSelf") == 0 && movable(&r.rule));
     schema.x_kubernetes_validations = (!kept.is_empty()).then_some(kept);
     taken
 }
@@ -272,36 +280,24 @@ fn occurrences(rule: &str, pattern: &str, whole: bool) -> Vec<usize> {
     found
 }
 
-fn code_count(rule: &str, token: &str) -> usize {
-    occurrences(rule, token, !token.ends_with('.')).len()
+/// How often `token` occurs in `rule` as a whole token (see [`occurrences`]).
+fn count(rule: &str, token: &str) -> usize {
+    occurrences(rule, token, true).len()
 }
 
-fn bounded_count(rule: &str, path: &str) -> usize {
-    occurrences(rule, path, true).len()
-}
-
-fn replace_at(rule: &str, at: &[usize], len: usize, with: &str) -> String {
+/// Replaces every `pattern` outside string literals that starts a token and, if `whole`, ends one
+/// (`data.source`, not `data.sourceKind`); with the count.
+fn replace(rule: &str, pattern: &str, with: &str, whole: bool) -> (String, usize) {
+    let at = occurrences(rule, pattern, whole);
     let mut out = String::with_capacity(rule.len());
     let mut last = 0;
-    for &i in at {
+    for &i in &at {
         out.push_str(&rule[last..i]);
         out.push_str(with);
-        last = i + len;
+        last = i + pattern.len();
     }
     out.push_str(&rule[last..]);
-    out
-}
-
-/// Replaces every `pattern` outside string literals that starts a token; with the count.
-fn replace_code(rule: &str, pattern: &str, with: &str) -> (String, usize) {
-    let at = occurrences(rule, pattern, false);
-    (replace_at(rule, &at, pattern.len(), with), at.len())
-}
-
-/// Replaces every whole `path` (`data.source`, not `data.sourceKind`) outside string literals.
-fn replace_bounded(rule: &str, path: &str, with: &str) -> String {
-    let at = occurrences(rule, path, true);
-    replace_at(rule, &at, path.len(), with)
+    (out, at.len())
 }
 
 #[cfg(test)]
@@ -311,18 +307,18 @@ mod tests {
     #[test]
     fn replacements_skip_string_literals_and_longer_names() {
         let rule = "self.data.source == 'self.data.x' && self.data.sourceKind == \"a\\\"self.data.\" && xself.data.y";
-        let (out, n) = replace_code(rule, "self.data.", "data.");
+        let (out, n) = replace(rule, "self.data.", "data.", false);
         assert_eq!(n, 2);
         assert_eq!(
             out,
             "data.source == 'self.data.x' && data.sourceKind == \"a\\\"self.data.\" && xself.data.y"
         );
         assert_eq!(
-            replace_bounded(&out, "data.source", "dataSource"),
+            replace(&out, "data.source", "dataSource", true).0,
             "dataSource == 'self.data.x' && data.sourceKind == \"a\\\"self.data.\" && xself.data.y"
         );
-        assert_eq!(code_count("self == oldSelf", "self"), 1);
-        assert_eq!(code_count("self.all(v, v > 0)", "self."), 1);
+        assert_eq!(count("self == oldSelf", "self"), 1);
+        assert_eq!(occurrences("self.all(v, v > 0)", "self.", false).len(), 1);
     }
 
     #[test]
