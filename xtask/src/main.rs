@@ -2,10 +2,15 @@
 //! chart's copy), or with `--check` fails when the committed files differ from the generated ones.
 //! `crdgen --as-written` prints the CRD with its rules as the types state them, before they are
 //! compiled for the API server (`make bench-creates` installs both).
+//! `docgen [--check]` does the same for the TrainingJob reference of the user guide, and
+//! `linkcheck` fails on a broken internal link or anchor of the documentation.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+
+mod links;
+mod reference;
 
 /// Where the generated CRD lives; every copy must be byte-identical.
 const CRD_PATHS: &[&str] =
@@ -21,7 +26,12 @@ fn main() -> Result<()> {
                 serde_yaml::to_string(&tandem_api::crd::as_written()).context("serialising the CRD")?;
             std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()).context("writing the CRD")
         }
-        _ => bail!("usage: cargo run -p xtask -- crdgen [--check | --as-written]"),
+        ["docgen"] => write_reference(false),
+        ["docgen", "--check"] => write_reference(true),
+        ["linkcheck"] => check_links(),
+        _ => bail!(
+            "usage: cargo run -p xtask -- crdgen [--check | --as-written] | docgen [--check] | linkcheck"
+        ),
     }
 }
 
@@ -62,6 +72,43 @@ fn write_crds(check: bool) -> Result<()> {
     Ok(())
 }
 
+/// The TrainingJob reference exactly as committed.
+fn render_reference() -> Result<String> {
+    let crd = serde_json::to_value(tandem_api::crd::as_written()).context("serialising the CRD")?;
+    reference::render(&crd)
+}
+
+fn write_reference(check: bool) -> Result<()> {
+    let text = render_reference()?;
+    let path = root().join(reference::PATH);
+    if std::fs::read_to_string(&path).unwrap_or_default() == text {
+        return Ok(());
+    }
+    if check {
+        bail!(
+            "{} is out of date with the api crate; run `make docs-reference` and commit the result",
+            reference::PATH
+        );
+    }
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", reference::PATH);
+    Ok(())
+}
+
+fn check_links() -> Result<()> {
+    let broken = links::check(&root())?;
+    for b in &broken {
+        eprintln!("{b}");
+    }
+    if !broken.is_empty() {
+        bail!(
+            "{} broken internal link(s) in the documentation (external links are not checked)",
+            broken.len()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::expect_used)] // tests fail loudly by design
 mod tests {
@@ -74,6 +121,43 @@ mod tests {
         for rel in CRD_PATHS {
             let committed = std::fs::read_to_string(root().join(rel)).expect("committed CRD exists");
             assert!(committed == yaml, "{rel} is stale: run `make crds` and commit the result");
+        }
+    }
+
+    /// Fails when someone changed the api crate without regenerating the reference (run
+    /// `make docs-reference`).
+    #[test]
+    fn committed_reference_matches_the_api_crate() {
+        let text = render_reference().expect("reference renders");
+        let committed =
+            std::fs::read_to_string(root().join(reference::PATH)).expect("committed reference exists");
+        assert!(
+            committed == text,
+            "{} is stale: run `make docs-reference` and commit the result",
+            reference::PATH
+        );
+    }
+
+    /// Every relative link and anchor of the README, ARCHITECTURE.md, bench/README.md and the user
+    /// guide resolves (external links are not fetched).
+    #[test]
+    fn documentation_links_resolve() {
+        let broken = links::check(&root()).expect("documentation readable");
+        let list: Vec<String> = broken.iter().map(ToString::to_string).collect();
+        assert!(broken.is_empty(), "broken links:\n{}", list.join("\n"));
+    }
+
+    #[test]
+    fn reference_names_every_field_and_rule_message() {
+        let text = render_reference().expect("reference renders");
+        for needle in [
+            "## spec.data",
+            "| `batchSize` |",
+            "`64`",
+            "1 to 65536",
+            "set exactly one of training.steps and training.epochs",
+        ] {
+            assert!(text.contains(needle), "reference lacks {needle:?}");
         }
     }
 
