@@ -829,12 +829,12 @@ fn every_field_of_an_authenticated_frame_is_bounded_and_a_bad_one_closes_its_ses
     let zero = Frame::Push { offset: 0, step: 0, values: vec![0.0, 0.0] };
     assert!(matches!(net.call(w, zero), Frame::Ack { .. }));
     for (step, says) in [
-        (u64::MAX, ["group 2", "step 18446744073709551615", "below 10"]),
-        (10, ["group 2", "step 10", "below 10"]),
-        (4, ["group 2", "step 4", "steps below 1", "at most step 3"]),
+        (u64::MAX, &["group 2", "step 18446744073709551615", "below 10"][..]),
+        (10, &["group 2", "step 10", "below 10"][..]),
+        (4, &["group 2", "step 4", "steps below 1", "at most step 3"][..]),
     ] {
         let frame = Frame::Push { offset: 0, step, values: vec![1.0, 1.0] };
-        refused_and_closed(&mut net, w, frame, ErrorCode::OutOfBounds, &says);
+        refused_and_closed(&mut net, w, frame, ErrorCode::OutOfBounds, says);
         assert!(!net.shard.status().groups.iter().any(|g| g.group == 2 && g.member), "it left");
         again(&mut net, &mut w);
     }
