@@ -36,14 +36,21 @@ pub fn copy_finite(dst: &mut [f32], src: &[f32]) -> bool {
     for (d, s) in to.by_ref().zip(from.by_ref()) {
         for ((a, o), &x) in acc.iter_mut().zip(d.iter_mut()).zip(s) {
             *o = x;
-            *a += x - x;
+            *a += zero_if_finite(x);
         }
     }
     for ((a, o), &x) in acc.iter_mut().zip(to.into_remainder().iter_mut()).zip(from.remainder()) {
         *o = x;
-        *a += x - x;
+        *a += zero_if_finite(x);
     }
     acc.iter().sum::<f32>() == 0.0
+}
+
+/// `x - x`: 0 for a finite `x`, NaN for a NaN or an infinity.
+#[inline(always)]
+#[allow(clippy::eq_op)] // Subtracting a value from itself is the point.
+fn zero_if_finite(x: f32) -> f32 {
+    x - x
 }
 
 /// `x - x` is 0 for a finite `x` and NaN for a NaN or an infinity, and a sum of them is NaN as soon
@@ -54,11 +61,11 @@ fn all_finite(block: &[f32]) -> bool {
     let mut chunks = block.chunks_exact(LANES);
     for chunk in chunks.by_ref() {
         for (a, &x) in acc.iter_mut().zip(chunk) {
-            *a += x - x;
+            *a += zero_if_finite(x);
         }
     }
     for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += x - x;
+        *a += zero_if_finite(x);
     }
     // Every lane is ±0 when all were finite; any NaN lane makes the sum NaN.
     acc.iter().sum::<f32>() == 0.0
