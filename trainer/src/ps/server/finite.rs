@@ -2,8 +2,8 @@
 //! shard refuses a push, init or model state that holds a NaN or an infinity before any of it
 //! reaches the weights (see [`super::state`]).
 //!
-//! Guarantees: [`copy_finite`] checks while it copies, in the same loop, so the check of a
-//! push's gradient costs no pass of its own over memory; [`first_non_finite`] reads each value
+//! Guarantees: [`copy_finite`] checks each block just before it copies it, so the check of a
+//! push's gradient costs no pass of its own over memory and no bad value is copied; [`first_non_finite`] reads each value
 //! once on the common path (all finite) and looks again at one block only to name the first bad
 //! index. No dependencies, so a benchmark can include this file as it ships (`bench/ps_finite.rs`).
 
@@ -26,24 +26,18 @@ pub fn first_non_finite(values: &[f32]) -> Option<usize> {
     None
 }
 
-/// Copies `src` into `dst` (of the same length) and says whether every value was finite: one
-/// vectorised loop that stores each value and folds `x - x` as `all_finite` does. On `false`,
-/// `dst` holds the copy, bad values included: the caller treats it as scratch.
+/// Copies `src` into `dst` (of the same length) if every value is finite, and says whether it
+/// did: block by block, each block checked (as [`first_non_finite`] does) and then copied while it
+/// is still in L1, so memory is read once. On `false`, `dst` holds the finite blocks before the
+/// first bad one: the caller treats it as scratch.
 pub fn copy_finite(dst: &mut [f32], src: &[f32]) -> bool {
-    let mut acc = [0.0f32; LANES];
-    let mut to = dst.chunks_exact_mut(LANES);
-    let mut from = src.chunks_exact(LANES);
-    for (d, s) in to.by_ref().zip(from.by_ref()) {
-        for ((a, o), &x) in acc.iter_mut().zip(d.iter_mut()).zip(s) {
-            *o = x;
-            *a += zero_if_finite(x);
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        if !all_finite(s) {
+            return false;
         }
+        d.copy_from_slice(s);
     }
-    for ((a, o), &x) in acc.iter_mut().zip(to.into_remainder().iter_mut()).zip(from.remainder()) {
-        *o = x;
-        *a += zero_if_finite(x);
-    }
-    acc.iter().sum::<f32>() == 0.0
+    true
 }
 
 /// `x - x`: 0 for a finite `x`, NaN for a NaN or an infinity.
@@ -107,7 +101,7 @@ mod tests {
 
     #[test]
     fn the_checked_copy_copies_and_sees_every_bad_value() {
-        for len in [0usize, 1, 15, 16, 17, 100, 1025] {
+        for len in [0usize, 1, 15, 16, 17, 100, 1025, 2100] {
             let clean: Vec<f32> = (0..len).map(|i| i as f32 - 3.0).collect();
             let mut dst = vec![0.0; len];
             assert!(copy_finite(&mut dst, &clean), "len {len}");
