@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tandem::ps::server::checkpoint;
 use tandem::ps::server::http::StatusListener;
-use tandem::ps::server::state::ShardConfig;
+use tandem::ps::server::state::{JobBounds, ShardConfig};
 use tandem::ps::server::{Server, ServerConfig};
 use tandem_api::PsMode;
 use tandem_api::contract::{self, Role};
@@ -60,6 +60,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         optimizer: training.optimizer.clone(),
         max_total_len: max_total_len(&job.spec, replicas),
         groups: job.spec.workers.groups,
+        bounds: JobBounds {
+            max_groups: job.spec.workers.max_groups.max(job.spec.workers.groups),
+            group_size: job.spec.workers.group_size,
+            steps: training.steps,
+        },
     };
     let mut config = ServerConfig::new(shard);
     let job_identity = checkpoint::JobIdentity::of(&job);

@@ -61,6 +61,18 @@ pub enum TrainError {
         /// The non-finite loss.
         loss: f32,
     },
+    /// A parameter server refused the update of this rank's group because it holds a NaN or an
+    /// infinity: the model diverged (with a finite loss). Permanent, as [`TrainError::Diverged`]:
+    /// a restart from the same weights diverges again.
+    #[error(
+        "training diverged at step {step}: {refusal} (a permanent failure: a restart from the same weights would diverge again)"
+    )]
+    NonFinite {
+        /// Step.
+        step: u64,
+        /// The server's refusal, naming the group, the step and the value.
+        refusal: String,
+    },
     /// A gradient step implementation failed (communication, PS, …).
     #[error("gradient step: {0}")]
     Step(String),

@@ -46,8 +46,11 @@ pub const MAGIC: [u8; 2] = *b"TP";
 /// bytes before the hello, and the [`ErrorCode::Busy`] refusal. Version 5: a report carries the
 /// group's share of time waiting on data and its skipped samples. Version 6: and its ranks' data
 /// cursors. Version 7: the welcome carries the run's step count. Version 8: a push carries the step
-/// it belongs to. Version 9: shard 0 holds the job's epoch plan (`get-epochs`, `epochs`).
-pub const PROTOCOL_VERSION: u8 = 9;
+/// it belongs to. Version 9: shard 0 holds the job's epoch plan (`get-epochs`, `epochs`). Version
+/// 10: the error codes [`ErrorCode::OutOfBounds`] and [`ErrorCode::NonFinite`], with which a server
+/// refuses (and closes) an authenticated peer's frame whose field lies outside what the job allows,
+/// or whose values are not all finite.
+pub const PROTOCOL_VERSION: u8 = 10;
 
 /// Most epochs an epoch plan may hold ([`Frame::GetEpochs`]): a request beyond it is refused,
 /// not allocated.
@@ -194,6 +197,14 @@ pub enum ErrorCode {
     TooLarge,
     /// The server serves as many connections as it may; retry later.
     Busy,
+    /// A field of the frame (a step, a group or rank index, a count) lies outside what the job
+    /// allows; the message names the field, its value and the bound. The server closes the
+    /// connection after it.
+    OutOfBounds,
+    /// The frame's values are not all finite (a NaN or an infinity, as from a diverged model);
+    /// the message names the group, the step and the first such value. The server applied
+    /// nothing of it and closes the connection after it.
+    NonFinite,
 }
 
 impl ErrorCode {
@@ -207,6 +218,8 @@ impl ErrorCode {
             ErrorCode::Mismatch => 6,
             ErrorCode::TooLarge => 7,
             ErrorCode::Busy => 8,
+            ErrorCode::OutOfBounds => 9,
+            ErrorCode::NonFinite => 10,
         }
     }
 
@@ -220,6 +233,8 @@ impl ErrorCode {
             6 => ErrorCode::Mismatch,
             7 => ErrorCode::TooLarge,
             8 => ErrorCode::Busy,
+            9 => ErrorCode::OutOfBounds,
+            10 => ErrorCode::NonFinite,
             _ => return None,
         })
     }
@@ -951,6 +966,8 @@ mod tests {
             Frame::Status("{\"step\":1}".into()),
             Frame::Error { code: ErrorCode::BadRange, message: "nope".into() },
             Frame::Error { code: ErrorCode::Busy, message: "full".into() },
+            Frame::Error { code: ErrorCode::OutOfBounds, message: "step".into() },
+            Frame::Error { code: ErrorCode::NonFinite, message: "NaN".into() },
         ]
     }
 

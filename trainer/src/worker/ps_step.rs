@@ -51,7 +51,7 @@ use crate::compute::data::DataCursor;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{EpochShare, GradientStep, TrainError};
 use crate::ps::client::{ClientError, Kept, PsClient};
-use crate::ps::wire::{MAX_EPOCHS, Peer, Progress};
+use crate::ps::wire::{ErrorCode, MAX_EPOCHS, Peer, Progress};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
 
@@ -74,6 +74,17 @@ pub struct PsStep<C: Communicator> {
 
 fn ps_err(e: ClientError) -> TrainError {
     if e.is_peer_lost() { TrainError::PeerLost(e.to_string()) } else { TrainError::Step(e.to_string()) }
+}
+
+/// A failed push of step `step`: a refusal of non-finite values is the model's divergence
+/// ([`TrainError::NonFinite`], permanent: `tandem worker` exits 1), anything else as [`ps_err`].
+fn push_err(step: u64, e: ClientError) -> TrainError {
+    match e {
+        ClientError::Refused { code: ErrorCode::NonFinite, .. } => {
+            TrainError::NonFinite { step, refusal: e.to_string() }
+        }
+        e => ps_err(e),
+    }
 }
 
 impl<C: Communicator> PsStep<C> {
@@ -208,7 +219,9 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                     )));
                 }
                 if !b.is_empty() {
-                    self.client.push(step, b.start as u64, &grads[b.clone()]).map_err(ps_err)?;
+                    self.client
+                        .push(step, b.start as u64, &grads[b.clone()])
+                        .map_err(|e| push_err(step, e))?;
                     self.client.pull(b.start as u64, &mut params[b.clone()]).map_err(ps_err)?;
                 }
                 self.comm.allgather(params).map_err(super::collective)?;
@@ -228,7 +241,9 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                             *x -= e;
                             *c = e;
                         }
-                        self.client.push(step, b.start as u64, &self.scratch).map_err(ps_err)?;
+                        self.client
+                            .push(step, b.start as u64, &self.scratch)
+                            .map_err(|e| push_err(step, e))?;
                     }
                     self.comm.allgather(params).map_err(super::collective)?;
                 }
@@ -333,5 +348,43 @@ impl<C: Communicator> GradientStep for PsStep<C> {
             // The PS owns the optimizer in gradient modes; a worker checkpoint carries none.
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_non_finite_push_is_a_permanent_divergence_not_a_lost_server() {
+        let refused = ClientError::Refused {
+            index: 0,
+            addr: "127.0.0.1:7070".into(),
+            op: "push",
+            code: ErrorCode::NonFinite,
+            message: "push of group 1 for step 7 holds NaN at offset 3: refused".into(),
+        };
+        let e = push_err(7, refused);
+        let text = e.to_string();
+        assert!(
+            text.contains("training diverged at step 7")
+                && text.contains("push of group 1 for step 7 holds NaN at offset 3")
+                && text.contains("a permanent failure"),
+            "{text}"
+        );
+        assert!(matches!(e, TrainError::NonFinite { step: 7, .. }));
+        // Not a lost peer: `tandem worker` exits 1, which restart policies treat as permanent.
+        assert!(!crate::worker::WorkerError::Train(e).is_peer_lost());
+        // A server lost during a push stays retryable, another refusal a step error.
+        let lost = ClientError::Lost { index: 0, addr: "a".into(), op: "push", detail: "reset".into() };
+        assert!(matches!(push_err(7, lost), TrainError::PeerLost(_)));
+        let other = ClientError::Refused {
+            index: 0,
+            addr: "a".into(),
+            op: "push",
+            code: ErrorCode::OutOfBounds,
+            message: "step".into(),
+        };
+        assert!(matches!(push_err(7, other), TrainError::Step(_)));
     }
 }

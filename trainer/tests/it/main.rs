@@ -33,6 +33,7 @@ mod object_store;
 mod optim;
 mod peers;
 mod preemption;
+mod ps_bounds;
 mod ps_faults;
 mod ps_hostile;
 mod ps_modes;

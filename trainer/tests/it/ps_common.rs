@@ -28,7 +28,24 @@ pub struct Job {
 impl Job {
     /// A job whose PS runs `algorithm` with plain SGD at rate 1 (updates subtract the gradient).
     pub fn new(algorithm: &str, staleness: u32, replicas: usize, checkpoint_every: u64) -> Self {
-        let spec = serde_json::json!({
+        Self::with_spec(Self::spec(algorithm, staleness, replicas, checkpoint_every))
+    }
+
+    /// [`Job::new`] whose groups have `group_size` ranks: the servers refuse a rank beyond it.
+    pub fn with_group_size(
+        algorithm: &str,
+        staleness: u32,
+        replicas: usize,
+        checkpoint_every: u64,
+        group_size: u32,
+    ) -> Self {
+        let mut spec = Self::spec(algorithm, staleness, replicas, checkpoint_every);
+        spec["workers"] = serde_json::json!({"groupSize": group_size});
+        Self::with_spec(spec)
+    }
+
+    fn spec(algorithm: &str, staleness: u32, replicas: usize, checkpoint_every: u64) -> serde_json::Value {
+        serde_json::json!({
             "training": {
                 "algorithm": algorithm,
                 "steps": 1000,
@@ -38,8 +55,7 @@ impl Job {
                 "checkpoint": {"everySteps": checkpoint_every}
             },
             "parameterServers": {"replicas": replicas}
-        });
-        Self::with_spec(spec)
+        })
     }
 
     /// A job with the given TrainingJob spec (JSON).

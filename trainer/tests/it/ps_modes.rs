@@ -22,7 +22,7 @@ fn init() -> Vec<f32> {
 
 #[test]
 fn sync_applies_the_mean_of_every_group_once_per_step_across_shards() {
-    let job = Job::new("ps-sync", 0, 2, 0);
+    let job = Job::with_group_size("ps-sync", 0, 2, 0, 2);
     let ps = [job.spawn_ps(0, 0), job.spawn_ps(1, 0)];
     let servers = addrs(&ps);
     let groups = 3u32;

@@ -264,3 +264,23 @@ fn slow_peers_on_the_status_port_do_not_delay_the_health_probe() {
     // The endpoint still serves status to the token holder.
     assert_eq!(get(&ps.status, "/status", Some(TOKEN)).0, 200);
 }
+
+#[test]
+fn the_request_head_limit_is_exactly_as_documented() {
+    let job = Job::new("ps-sync", 0, 1, 0);
+    let ps = spawn_ps_with_status(&job);
+    // A head of `len` bytes, its blank line included.
+    let head = |len: usize| {
+        let mut h = b"GET /healthz HTTP/1.1\r\nX-Pad: ".to_vec();
+        h.resize(len - 4, b'a');
+        h.extend_from_slice(b"\r\n\r\n");
+        h
+    };
+    let limit = tandem::ps::server::http::MAX_HEAD;
+    assert_eq!(limit, 8 * 1024, "documented as 8 KiB");
+    assert_eq!(raw(&ps.status, &head(limit)), (200, "ok\n".to_owned()));
+    // Heads up to about 9.2 KB once passed; the server reads all 8,193 bytes of this one, so its
+    // answer is not cut by a reset.
+    assert_eq!(raw(&ps.status, &head(limit + 1)).0, 431);
+    let _ = &ps.addr;
+}

@@ -33,6 +33,14 @@ fn spec(algorithm: &str, steps: u64, replicas: u32) -> serde_json::Value {
     })
 }
 
+/// The job config the servers read for `groups` groups of `size` ranks: they refuse a worker's
+/// group or rank beyond it.
+fn for_groups(mut json: serde_json::Value, groups: u32, size: u32) -> serde_json::Value {
+    json["workers"] =
+        serde_json::json!({"groups": groups, "groupSize": size, "minGroups": 1, "maxGroups": groups});
+    json
+}
+
 fn trainer(spec: &TrainingJobSpec, rank: usize, world: usize) -> Trainer {
     let data = tandem::compute::data::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap();
     Trainer::new(spec, data, &Device::Cpu, rank, world).unwrap()
@@ -100,7 +108,7 @@ fn ps_sync_with_one_rank_matches_local_training_bit_for_bit() {
 fn hybrid_groups_stay_identical_and_learn() {
     let json = spec("hybrid", 40, 2);
     let spec: TrainingJobSpec = serde_json::from_value(json.clone()).unwrap();
-    let job = Job::with_spec(json);
+    let job = Job::with_spec(for_groups(json, 2, 2));
     let ps = [job.spawn_ps(0, 0), job.spawn_ps(1, 0)];
     let servers = addrs(&ps);
     let before = trainer(&spec, 0, 4).evaluate().unwrap().accuracy;
@@ -126,7 +134,7 @@ fn hybrid_groups_stay_identical_and_learn() {
 fn easgd_groups_pull_the_centre_towards_a_model_that_learns() {
     let json = spec("easgd", 40, 1);
     let spec: TrainingJobSpec = serde_json::from_value(json.clone()).unwrap();
-    let job = Job::with_spec(json);
+    let job = Job::with_spec(for_groups(json, 2, 2));
     let ps = [job.spawn_ps(0, 0)];
     let servers = addrs(&ps);
     let joined = Arc::new(Barrier::new(4));

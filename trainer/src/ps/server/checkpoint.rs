@@ -73,6 +73,17 @@ pub enum CheckpointError {
         /// The first file's problem.
         first: String,
     },
+    /// The snapshot holds what [`decode`] refuses as beyond any run, so it was not written: the
+    /// previous checkpoint stays the newest one a restart resumes from.
+    #[error(
+        "PS checkpoint of version {version} not written: {problem}, which its restore would refuse; the previous checkpoint stays the newest"
+    )]
+    Unrestorable {
+        /// The snapshot's version.
+        version: u64,
+        /// What is beyond any run.
+        problem: String,
+    },
     /// The newest intact checkpoint is another job's, or this job's under another configuration.
     #[error("{message}")]
     Foreign {
@@ -205,7 +216,12 @@ pub fn files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 
 /// Encodes a snapshot of `job`'s shard as checkpoint bytes.
 pub fn encode(job: &JobIdentity, snapshot: &Snapshot) -> Vec<u8> {
-    let header = Header {
+    encode_header(&header(job, snapshot), snapshot)
+}
+
+/// The header of `snapshot`'s checkpoint.
+fn header(job: &JobIdentity, snapshot: &Snapshot) -> Header {
+    Header {
         job: Some(job.clone()),
         index: snapshot.index,
         replicas: snapshot.replicas,
@@ -232,9 +248,12 @@ pub fn encode(job: &JobIdentity, snapshot: &Snapshot) -> Vec<u8> {
         contributed: snapshot.contributed.clone(),
         epochs: snapshot.epochs.clone(),
         model_state: snapshot.model_state.len() as u64,
-    };
+    }
+}
+
+fn encode_header(header: &Header, snapshot: &Snapshot) -> Vec<u8> {
     // A struct of numbers and strings always serialises.
-    let json = serde_json::to_vec(&header).unwrap_or_default();
+    let json = serde_json::to_vec(header).unwrap_or_default();
     let buffers = &snapshot.optimizer.buffers;
     let floats = snapshot.values.len()
         + buffers.iter().map(|(_, v)| v.len()).sum::<usize>()
@@ -377,9 +396,14 @@ impl Store {
     }
 
     /// Writes `snapshot` atomically and prunes all but the newest files of the shard.
+    /// A snapshot whose counts [`decode`] would refuse is not written
+    /// ([`CheckpointError::Unrestorable`]).
     pub fn save(&self, snapshot: &Snapshot) -> Result<PathBuf, CheckpointError> {
+        let header = header(&self.job, snapshot);
+        check_counts(&header)
+            .map_err(|problem| CheckpointError::Unrestorable { version: snapshot.version, problem })?;
         let path = self.dir.join(file_name(snapshot.index, snapshot.version));
-        fs::write_atomic(&path, &encode(&self.job, snapshot), None)
+        fs::write_atomic(&path, &encode_header(&header, snapshot), None)
             .map_err(|source| CheckpointError::Write { path: path.clone(), source })?;
         let index = snapshot.index;
         // Pruning is best effort: a file left over costs disk, not correctness.
@@ -514,6 +538,27 @@ mod tests {
         let shard0 =
             Store::open(dir.path().to_path_buf(), 0, job("a", "h")).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(shard0.latest(), Ok(None)), "another shard's files are not ours");
+    }
+
+    #[test]
+    fn a_snapshot_its_restore_would_refuse_is_not_written() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let s = store(dir.path(), "a", "h");
+        assert!(s.save(&snap(3)).is_ok());
+        let mut beyond = snap(6);
+        beyond.contributed = vec![(0, u64::MAX)];
+        let err = s.save(&beyond).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains("version 6 not written")
+                && err.contains(&format!("group contributed steps {} is beyond any run", u64::MAX)),
+            "{err}"
+        );
+        beyond = snap(6);
+        beyond.groups[0].1.step = MAX_COUNT + 1;
+        assert!(matches!(s.save(&beyond), Err(CheckpointError::Unrestorable { version: 6, .. })));
+        // The previous checkpoint stays the newest, and resumes.
+        assert_eq!(versions(dir.path(), 1), vec![3]);
+        assert_eq!(s.latest().ok().flatten(), Some(snap(3)));
     }
 
     #[test]

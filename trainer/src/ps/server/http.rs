@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -42,7 +42,8 @@ use crate::util::token::{hex, hmac, same_bytes};
 use tandem_api::PsMode;
 use tandem_api::contract::{PsStatus, STATUS_PATH, status_auth};
 
-/// Largest request head (request line and headers) read, in bytes.
+/// Largest request head (request line and headers, with the blank line that ends them) read, in
+/// bytes: one byte more is answered 431.
 pub const MAX_HEAD: usize = 8 * 1024;
 /// Time a client has to send its whole request head (below the operator's 3 s fetch timeout).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -409,17 +410,24 @@ enum Route {
     Metrics,
 }
 
-/// Reads up to the blank line that ends the head; refuses heads over [`MAX_HEAD`].
-async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, HeadError> {
+/// Reads up to the blank line that ends the head; refuses heads over [`MAX_HEAD`], its blank line
+/// included. Reads at most one byte beyond the limit, so the limit is exact whatever the reads
+/// return.
+async fn read_head(stream: &mut (impl AsyncRead + Unpin)) -> Result<Vec<u8>, HeadError> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
-        let n = stream.read(&mut chunk).await.map_err(|_| HeadError::Closed)?;
+        let room = (MAX_HEAD + 1 - buf.len()).min(chunk.len());
+        let n = stream.read(&mut chunk[..room]).await.map_err(|_| HeadError::Closed)?;
         if n == 0 {
             return if buf.is_empty() { Err(HeadError::Closed) } else { Err(HeadError::Malformed) };
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = find_end(&buf) {
+            let blank = if buf[end..].starts_with(b"\r\n\r\n") { 4 } else { 2 };
+            if end + blank > MAX_HEAD {
+                return Err(HeadError::TooLarge);
+            }
             buf.truncate(end);
             return Ok(buf);
         }
@@ -536,6 +544,38 @@ mod tests {
         let bearer = request("/status", Some(format!("Bearer {token}")));
         assert!(refuse_auth(&bearer, token, &seen, ts).unwrap().contains("no longer takes"));
         assert!(refuse_auth(&request("/status", None), token, &seen, ts).unwrap().contains("Tandem-HMAC"));
+    }
+
+    /// A request whose head, blank line included, is `len` bytes.
+    fn head_of(len: usize) -> Vec<u8> {
+        let mut head = b"GET /healthz HTTP/1.1\r\nX-Pad: ".to_vec();
+        head.resize(len - 4, b'a');
+        head.extend_from_slice(b"\r\n\r\n");
+        head
+    }
+
+    #[tokio::test]
+    async fn the_head_limit_is_exact() {
+        for (len, fits) in [(MAX_HEAD - 1, true), (MAX_HEAD, true), (MAX_HEAD + 1, false), (9400, false)] {
+            let request = head_of(len);
+            let read = read_head(&mut request.as_slice()).await;
+            assert_eq!(read.is_ok(), fits, "a head of {len} bytes");
+            // The same through a stream that returns one byte per read.
+            let (mut client, mut server) = tokio::io::duplex(1);
+            let write = tokio::spawn(async move {
+                let _ = client.write_all(&request).await;
+            });
+            assert_eq!(read_head(&mut server).await.is_ok(), fits, "a head of {len} bytes, bytewise");
+            drop(server);
+            let _ = write.await;
+        }
+        // A bare `\n\n` ending counts its two bytes.
+        let mut lf = b"GET / HTTP/1.1\nX: ".to_vec();
+        lf.resize(MAX_HEAD - 2, b'a');
+        lf.extend_from_slice(b"\n\n");
+        assert!(read_head(&mut lf.as_slice()).await.is_ok());
+        lf.insert(20, b'a');
+        assert!(matches!(read_head(&mut lf.as_slice()).await, Err(HeadError::TooLarge)));
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! frames; the training service never waits for it.
 
 pub mod checkpoint;
+mod finite;
 pub mod gate;
 pub mod http;
 pub mod optim;
@@ -308,17 +309,30 @@ fn is_transient(e: &std::io::Error) -> bool {
         || e.raw_os_error().is_some_and(|c| c == 24 || c == 23) // EMFILE, ENFILE: wait for a close
 }
 
-/// The group count of the job config at `path` now; `None` (logged) when it cannot be read, as
-/// while a ConfigMap update swaps the file.
-fn planned_groups(path: &Path) -> Option<u32> {
+/// The job config at `path` now; `None` (logged, saying what keeps its last value: `keeps`) when
+/// it cannot be read, as while a ConfigMap update swaps the file.
+fn read_job(path: &Path, keeps: &str) -> Option<JobConfig> {
     let read = std::fs::read_to_string(path).map_err(|e| e.to_string());
     match read.and_then(|text| JobConfig::from_json(&text).map_err(|e| e.to_string())) {
-        Ok(job) => Some(job.spec.workers.groups),
+        Ok(job) => Some(job),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read the job config's group count; the epoch plan keeps the last one read");
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the job config; {keeps}");
             None
         }
     }
+}
+
+/// The group count of the job config at `path` now.
+fn planned_groups(path: &Path) -> Option<u32> {
+    read_job(path, "the epoch plan keeps the last group count read").map(|job| job.spec.workers.groups)
+}
+
+/// The bounds on group and rank indices of the job config at `path` now: `workers.maxGroups`
+/// (at least `workers.groups`) and `workers.groupSize`.
+fn group_bounds(path: &Path) -> Option<(u32, u32)> {
+    let job = read_job(path, "workers' group and rank indices keep the last bounds read")?;
+    let workers = &job.spec.workers;
+    Some((workers.max_groups.max(workers.groups), workers.group_size))
 }
 
 /// Owns the shard: applies events in order and routes outputs.
@@ -350,6 +364,16 @@ async fn actor(
                 let mut out = state.connect(s, nonce);
                 out.retain(|o| !matches!(o, Output::Send(_, Frame::Challenge { .. })));
                 out
+            }
+            Event::Frame(s, frame @ Frame::Hello { peer: Peer::Worker { group, rank, .. }, .. })
+                if group >= state.config().bounds.max_groups || rank >= state.config().bounds.group_size =>
+            {
+                // The user may have raised maxGroups on the running job: read the bounds again
+                // before refusing.
+                if let Some((max_groups, group_size)) = job_config.as_deref().and_then(group_bounds) {
+                    state.set_group_bounds(max_groups, group_size);
+                }
+                state.handle(s, frame)
             }
             Event::Frame(s, frame @ Frame::GetEpochs { .. }) => {
                 if let Some(groups) = job_config.as_deref().and_then(planned_groups) {
@@ -428,9 +452,15 @@ impl Throughput {
     }
 }
 
+/// Writes the shard's snapshot, unless its own restore would refuse it: the previous checkpoint
+/// then stays the newest, and the error says why.
 async fn write_checkpoint(state: &ShardState, store: Option<&checkpoint::Store>) {
     let (Some(store), Some(snapshot)) = (store.cloned(), state.snapshot()) else { return };
     let version = snapshot.version;
+    if let Err(e) = state.check_restorable(&snapshot) {
+        tracing::error!(version, error = %e, "checkpoint not written: its restore would refuse it; the previous one stays the newest");
+        return;
+    }
     match tokio::task::spawn_blocking(move || store.save(&snapshot)).await {
         Ok(Ok(path)) => tracing::info!(version, path = %path.display(), "checkpoint written"),
         Ok(Err(e)) => tracing::error!(version, error = %e, "checkpoint failed; training goes on without it"),
@@ -665,6 +695,7 @@ mod tests {
             optimizer: OptimizerSpec::default(),
             max_total_len: 16,
             groups: 1,
+            bounds: state::JobBounds::loose(),
         })
     }
 

@@ -37,18 +37,33 @@
 //!   never changes afterwards and is kept in checkpoints, so every group splits an epoch alike
 //!   whatever the config says when it gets there.
 //!
+//! Bounds: an authenticated peer is trusted with nothing the job does not allow. Before a frame
+//! touches the shard, each of its fields is checked: a worker's group below `workers.maxGroups`
+//! and its rank below `workers.groupSize` ([`JobBounds`]), a push's step within the run
+//! ([`ShardState::step_bound`]) and within its mode's window ahead of the group's last whole step
+//! (the staleness bound `s` in bounded async mode, τ in elastic mode), offsets and lengths within
+//! the shard's range, a report's step, samples and cursors within the run and the group. Values
+//! must all be finite: a push, init or model state holding a NaN or an infinity is refused, naming
+//! the group, the step and the value, so one group's diverged model never reaches the weights the
+//! other groups read. A frame that fails gets one error frame ([`ErrorCode::OutOfBounds`],
+//! [`ErrorCode::BadRange`] or [`ErrorCode::NonFinite`]) naming the field, its value and the bound,
+//! and its session ends at once (frames it pipelined behind are dropped unread); nothing of it
+//! reaches the shard, so neither the state nor the next checkpoint changes.
+//!
 //! Caveats: waiting pulls have no timeout here; clients time out, and a group that disappears is
 //! detected by its connections closing.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 
 use serde::Serialize;
 use tandem_api::job::OptimizerSpec;
 
+use crate::compute::checkpoint::MAX_COUNT;
 use crate::compute::optim::OptimizerState;
 use crate::util::token;
 
+use super::finite::{copy_finite, first_non_finite};
 use super::optim::ShardOptimizer;
 use crate::ps::shard;
 use crate::ps::wire::{
@@ -81,6 +96,32 @@ pub struct ShardConfig {
     pub max_total_len: u64,
     /// The job config's group count when the server starts (shard 0's first epoch plan).
     pub groups: u32,
+    /// What the job allows a worker's frames to say (group and rank indices, steps).
+    pub bounds: JobBounds,
+}
+
+/// What a job allows the fields of its workers' frames to say, beyond the shard's layout: every
+/// authenticated frame is checked against it before it touches the shard, so that a buggy worker
+/// holding the token cannot put the shard (or its next checkpoint) in a state it cannot resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobBounds {
+    /// `workers.maxGroups` (at least `workers.groups`): group indices lie below it.
+    pub max_groups: u32,
+    /// `workers.groupSize`: rank indices lie below it, and a report carries at most one data
+    /// cursor per rank.
+    pub group_size: u32,
+    /// `training.steps` of a run given in steps: its steps lie below it. `None` for a run in
+    /// epochs, whose step count depends on the data and on each epoch's group count (see
+    /// [`ShardState::step_bound`]).
+    pub steps: Option<u64>,
+}
+
+impl JobBounds {
+    /// Bounds that refuse no index and bound steps only by [`MAX_COUNT`] and the run's length in
+    /// epochs (tests of the state machine that are not about bounds).
+    pub fn loose() -> Self {
+        Self { max_groups: u32::MAX, group_size: u32::MAX, steps: None }
+    }
 }
 
 /// The refusal of a hello whose proof does not match the job token.
@@ -327,6 +368,9 @@ pub struct ShardState {
     epochs: Vec<u32>,
     /// The job config's group count now.
     planned_groups: u32,
+    /// Sessions refused and closed by the shard, until the driver reports them disconnected:
+    /// frames they pipelined behind the refused one are dropped unread.
+    closing: HashSet<SessionId>,
 }
 
 /// The model's non-trainable state (batch-norm running statistics and the like), which the
@@ -380,30 +424,14 @@ impl ShardState {
             model_state: ModelState::default(),
             epochs: Vec::new(),
             planned_groups: config.groups.max(1),
+            closing: HashSet::new(),
             config,
         }
     }
 
     /// A shard resumed from a checkpoint: ready, at the snapshot's version.
     pub fn restore(config: ShardConfig, snapshot: Snapshot) -> Result<Self, RestoreError> {
-        if snapshot.index != config.index || snapshot.replicas != config.replicas {
-            return Err(RestoreError::WrongShard {
-                found_index: snapshot.index,
-                found_replicas: snapshot.replicas,
-                index: config.index,
-                replicas: config.replicas,
-            });
-        }
-        let range = shard::range_of(snapshot.total_len, config.replicas, config.index).unwrap_or(0..0);
-        let expected = range.end - range.start;
-        if snapshot.values.len() as u64 != expected {
-            return Err(RestoreError::WrongLength {
-                found: snapshot.values.len(),
-                expected,
-                index: config.index,
-                total_len: snapshot.total_len,
-            });
-        }
+        let range = fits(&config, &snapshot)?;
         let mut optimizer =
             ShardOptimizer::new(&config.optimizer, snapshot.values.len(), snapshot.total_steps);
         optimizer.restore(&snapshot.optimizer).map_err(RestoreError::Optimizer)?;
@@ -449,9 +477,41 @@ impl ShardState {
         })
     }
 
+    /// Checks that [`ShardState::restore`] takes `snapshot` (this shard's own, about to be
+    /// written): a checkpoint is never written in a state its own restore would refuse.
+    pub fn check_restorable(&self, snapshot: &Snapshot) -> Result<(), RestoreError> {
+        fits(&self.config, snapshot).map(drop)
+    }
+
     /// Updates applied so far.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The first step beyond every step this job's groups train, which bounds a push's step and a
+    /// report's: a run in steps has `training.steps`. A run in epochs has as many as its epochs'
+    /// shares of batches, which the first worker counted for the group count of its config (the
+    /// run's length, [`Snapshot::total_steps`]); with fewer groups each share is larger, at most
+    /// `g` times as many batches plus `g` for `g` groups, so a run scaled down to one group takes at
+    /// most `2 × maxGroups` times the run's length. Never above [`MAX_COUNT`], the most a
+    /// checkpoint takes.
+    pub fn step_bound(&self) -> u64 {
+        let bound = match self.config.bounds.steps {
+            Some(steps) => steps,
+            None => {
+                let run = self.weights.as_ref().map_or(0, |w| w.total_steps);
+                run.saturating_mul(2 * u64::from(self.config.bounds.max_groups.max(1)))
+            }
+        };
+        bound.min(MAX_COUNT)
+    }
+
+    /// The bounds on workers' group and rank indices now: the driver reads the job config again
+    /// when a hello names a group beyond them (the user may have raised `workers.maxGroups` on the
+    /// running job).
+    pub fn set_group_bounds(&mut self, max_groups: u32, group_size: u32) {
+        self.config.bounds.max_groups = max_groups;
+        self.config.bounds.group_size = group_size;
     }
 
     /// Counts `n` frames or connections the driver refused before they reached the shard (peers
@@ -522,8 +582,15 @@ impl ShardState {
     /// A connection closed (or was closed). A group whose last connection closes leaves.
     pub fn disconnect(&mut self, session: SessionId) -> Vec<Output> {
         let mut out = Vec::new();
+        self.closing.remove(&session);
+        self.end_session(&mut out, session);
+        out
+    }
+
+    /// Forgets `session`; a group whose last session it was leaves.
+    fn end_session(&mut self, out: &mut Vec<Output>, session: SessionId) {
         self.waiting.retain(|w| w.session != session);
-        let Some(s) = self.sessions.remove(&session) else { return out };
+        let Some(s) = self.sessions.remove(&session) else { return };
         if let Some(Peer::Worker { group, .. }) = s.peer
             && let Some(g) = self.groups.get_mut(&group)
             && g.sessions.remove(&session)
@@ -536,9 +603,8 @@ impl ShardState {
                 "last connection of the group closed; it leaves"
             );
             self.leave(group);
-            self.progress(&mut out);
+            self.progress(out);
         }
-        out
     }
 
     /// Refuses bytes that did not decode; the driver closes the session when the error is fatal.
@@ -554,6 +620,10 @@ impl ShardState {
     /// Handles one frame from `session`.
     pub fn handle(&mut self, session: SessionId, frame: Frame) -> Vec<Output> {
         let mut out = Vec::new();
+        if self.closing.contains(&session) {
+            // Pipelined behind a frame the shard refused and closed the session for.
+            return out;
+        }
         let Some(&Session { peer, nonce }) = self.sessions.get(&session) else {
             // A frame for a session the driver never announced, so never challenged.
             let msg = format!("{} on a connection that was never challenged", frame.name());
@@ -614,25 +684,8 @@ impl ShardState {
                     self.push(&mut out, session, group, offset, step, values)
                 }
                 Frame::GetEpochs { epoch } => self.epochs(&mut out, session, group, epoch),
-                Frame::PutState { values } => match self.model_state.put(group, values) {
-                    Ok(()) => {
-                        let clock = self.groups.get(&group).map_or(0, |g| g.clock);
-                        out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
-                    }
-                    Err(msg) => self.refuse(&mut out, session, ErrorCode::Protocol, msg),
-                },
-                Frame::Report(mut p) => {
-                    let clock = self.groups.get_mut(&group).map_or(0, |g| {
-                        // Light reports carry no evaluation: the latest accuracy (and loss) stays.
-                        if let Some(prev) = &g.progress {
-                            p.accuracy = p.accuracy.or(prev.accuracy);
-                            p.loss = p.loss.or(prev.loss);
-                        }
-                        g.progress = Some(p);
-                        g.clock
-                    });
-                    out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
-                }
+                Frame::PutState { values } => self.put_state(&mut out, session, group, values),
+                Frame::Report(p) => self.report(&mut out, session, group, p),
                 other => {
                     let msg = format!("{} is a server frame; clients may not send it", other.name());
                     self.refuse(&mut out, session, ErrorCode::UnknownFrame, msg);
@@ -649,6 +702,110 @@ impl ShardState {
         out.push(Output::Send(session, Frame::Error { code, message }));
     }
 
+    fn put_state(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, values: Vec<f32>) {
+        if let Some(i) = first_non_finite(&values) {
+            let msg = format!(
+                "model state of group {group} holds {} at index {i}: refused, the shard keeps the groups' \
+                 last finite mean; the group's model diverged: lower training.optimizer.learningRate",
+                values[i]
+            );
+            return self.refuse_and_close(out, session, ErrorCode::NonFinite, msg);
+        }
+        match self.model_state.put(group, values) {
+            Ok(()) => {
+                let clock = self.groups.get(&group).map_or(0, |g| g.clock);
+                out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
+            }
+            Err(msg) => self.refuse(out, session, ErrorCode::Protocol, msg),
+        }
+    }
+
+    fn report(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, mut p: Progress) {
+        if let Err(msg) = self.check_report(group, &p) {
+            return self.refuse_and_close(out, session, ErrorCode::OutOfBounds, msg);
+        }
+        let clock = self.groups.get_mut(&group).map_or(0, |g| {
+            // Light reports carry no evaluation: the latest accuracy (and loss) stays.
+            if let Some(prev) = &g.progress {
+                p.accuracy = p.accuracy.or(prev.accuracy);
+                p.loss = p.loss.or(prev.loss);
+            }
+            g.progress = Some(p);
+            g.clock
+        });
+        out.push(Output::Send(session, Frame::Ack { version: self.version, clock }));
+    }
+
+    /// Refuses a frame with a field outside what the job allows and ends its session at once: the
+    /// peer is broken, and what it pipelined behind the frame is not trusted either (dropped
+    /// unread until the driver reports the close). Its group leaves if this was its last session.
+    fn refuse_and_close(
+        &mut self,
+        out: &mut Vec<Output>,
+        session: SessionId,
+        code: ErrorCode,
+        message: String,
+    ) {
+        self.refuse(out, session, code, message);
+        out.push(Output::Close(session));
+        self.closing.insert(session);
+        self.end_session(out, session);
+    }
+
+    /// Checks a report's fields against the run and the group: they go into the status and the
+    /// checkpoints, whose restore refuses counts beyond any run.
+    fn check_report(&self, group: u32, p: &Progress) -> Result<(), String> {
+        let bound = self.step_bound();
+        let ranks = self.config.bounds.group_size;
+        if p.step > bound {
+            return Err(format!(
+                "report of group {group}: step {} is beyond the run, whose steps number at most {bound}",
+                p.step
+            ));
+        }
+        if p.samples > MAX_COUNT {
+            return Err(format!(
+                "report of group {group}: samples {} is beyond any run (at most {MAX_COUNT})",
+                p.samples
+            ));
+        }
+        if p.cursors.len() as u64 > u64::from(ranks) {
+            return Err(format!(
+                "report of group {group}: {} data cursors, but a group has {ranks} ranks (workers.groupSize)",
+                p.cursors.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a push's step against the run ([`ShardState::step_bound`]) and against its mode's
+    /// window ahead of the group's last whole step on this shard: a step beyond it would make the
+    /// shard take the group's real steps for repeated ones and drop them.
+    fn check_step(&self, group: u32, step: u64) -> Result<(), String> {
+        let bound = self.step_bound();
+        if step >= bound {
+            return Err(format!(
+                "push of group {group}: step {step} is beyond the run, whose steps lie below {bound}"
+            ));
+        }
+        let window = match self.config.mode {
+            PsMode::Async { staleness: Some(s) } => s,
+            PsMode::Elastic { tau, .. } => tau.max(1),
+            PsMode::Sync | PsMode::Async { staleness: None } => return Ok(()),
+        };
+        let Some(contributed) = self.groups.get(&group).and_then(|g| g.contributed) else { return Ok(()) };
+        let most = contributed.saturating_add(window);
+        if step > most {
+            return Err(format!(
+                "push of group {group}: step {step} is beyond the group's window: it contributed its steps \
+                 below {contributed} to this shard, and in {} mode a push runs at most {window} steps ahead, \
+                 so at most step {most}",
+                self.config.mode
+            ));
+        }
+        Ok(())
+    }
+
     /// A hello whose proof is valid; `nonces` are the challenge and the client's nonce.
     fn hello(
         &mut self,
@@ -659,6 +816,29 @@ impl ShardState {
         total_len: u64,
         total_steps: u64,
     ) {
+        if let Peer::Worker { group, rank, .. } = peer {
+            let JobBounds { max_groups, group_size, .. } = self.config.bounds;
+            let problem = if group >= max_groups {
+                Some(format!(
+                    "group {group} is outside this job: workers.maxGroups is {max_groups}, so groups are numbered below it"
+                ))
+            } else if rank >= group_size {
+                Some(format!(
+                    "rank {rank} of group {group} is outside the group: workers.groupSize is {group_size}, so ranks \
+                     are numbered below it"
+                ))
+            } else if total_steps > MAX_COUNT {
+                Some(format!(
+                    "the hello's run of {total_steps} steps is beyond any run (at most {MAX_COUNT})"
+                ))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                let msg = format!("{problem}; workers and parameter servers must read the same job config");
+                return self.refuse_and_close(out, session, ErrorCode::OutOfBounds, msg);
+            }
+        }
         if matches!(peer, Peer::Worker { .. }) && total_len > self.config.max_total_len {
             let msg = format!(
                 "the hello declares a {total_len}-value parameter vector, but this job allows at most {} (the \
@@ -793,8 +973,16 @@ impl ShardState {
     fn init(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, offset: u64, values: Vec<f32>) {
         let local = match self.local(offset, values.len() as u64) {
             Ok(r) => r,
-            Err(msg) => return self.refuse(out, session, ErrorCode::BadRange, msg),
+            Err(msg) => return self.refuse_and_close(out, session, ErrorCode::BadRange, msg),
         };
+        if let Some(i) = first_non_finite(&values) {
+            let msg = format!(
+                "initial weights of group {group} hold {} at offset {}: refused, nothing of them taken",
+                values[i],
+                offset + i as u64
+            );
+            return self.refuse_and_close(out, session, ErrorCode::NonFinite, msg);
+        }
         if let Some(w) = &mut self.weights
             && let Some(cov) = &mut w.init
         {
@@ -839,7 +1027,7 @@ impl ShardState {
         }
         if epoch >= MAX_EPOCHS {
             let msg = format!("epoch {epoch} is beyond any run (the plan holds at most {MAX_EPOCHS} epochs)");
-            return self.refuse(out, session, ErrorCode::BadRange, msg);
+            return self.refuse_and_close(out, session, ErrorCode::BadRange, msg);
         }
         let fixed = self.epochs.len();
         while self.epochs.len() as u64 <= epoch {
@@ -878,8 +1066,11 @@ impl ShardState {
         let mode = self.config.mode;
         let local = match self.local(offset, values.len() as u64) {
             Ok(r) => r,
-            Err(msg) => return self.refuse(out, session, ErrorCode::BadRange, msg),
+            Err(msg) => return self.refuse_and_close(out, session, ErrorCode::BadRange, msg),
         };
+        if let Err(msg) = self.check_step(group, step) {
+            return self.refuse_and_close(out, session, ErrorCode::OutOfBounds, msg);
+        }
         let version = self.version;
         let (Some(w), Some(g)) = (self.weights.as_mut(), self.groups.get_mut(&group)) else {
             return self.refuse(
@@ -913,19 +1104,41 @@ impl ShardState {
         let (a, b) = (local.start as usize, local.end as usize);
         // A step this shard already applied for the group, retrained after its restart.
         let repeated = mode != PsMode::Sync && g.contributed.is_some_and(|c| step < c);
-        match mode {
-            _ if repeated => {}
+        // Every value must be finite before any reaches the weights (module docs). The gradient
+        // is checked as it is copied, in the same pass; the range it is copied to is not part of
+        // the group's contribution until `pending` covers it, so a refused copy is scratch.
+        let finite = match mode {
+            _ if repeated => first_non_finite(&values).is_none(),
             PsMode::Elastic { .. } => {
-                for (c, e) in w.values[a..b].iter_mut().zip(&values) {
-                    *c += *e;
+                let finite = first_non_finite(&values).is_none();
+                if finite {
+                    for (c, e) in w.values[a..b].iter_mut().zip(&values) {
+                        *c += *e;
+                    }
                 }
+                finite
             }
             PsMode::Sync | PsMode::Async { .. } => {
                 if g.grad.len() != len as usize {
                     g.grad = vec![0.0; len as usize];
                 }
-                g.grad[a..b].copy_from_slice(&values);
+                let finite = copy_finite(&mut g.grad[a..b], &values);
+                if !finite {
+                    g.grad[a..b].fill(0.0);
+                }
+                finite
             }
+        };
+        if !finite {
+            let i = first_non_finite(&values).unwrap_or(0);
+            let msg = format!(
+                "push of group {group} for step {step} holds {} at offset {}: refused, nothing of it applied \
+                 (the shard's weights stay finite); the group's model diverged: lower \
+                 training.optimizer.learningRate",
+                values[i],
+                offset + i as u64
+            );
+            return self.refuse_and_close(out, session, ErrorCode::NonFinite, msg);
         }
         g.pending.insert(local);
         if g.pending.covered == len {
@@ -1008,7 +1221,7 @@ impl ShardState {
 
     fn pull(&mut self, out: &mut Vec<Output>, session: SessionId, offset: u64, len: u64) {
         if let Err(msg) = self.local(offset, len) {
-            return self.refuse(out, session, ErrorCode::BadRange, msg);
+            return self.refuse_and_close(out, session, ErrorCode::BadRange, msg);
         }
         self.waiting.push(Waiting { session, offset, len });
     }
@@ -1049,6 +1262,39 @@ impl ShardState {
             }
         }
     }
+}
+
+/// Checks that `snapshot` fits the shard `config` describes (its index, replicas and range, and its
+/// optimizer buffers that range): what [`ShardState::restore`] requires, also checked before a
+/// checkpoint is written. Returns the shard's range.
+fn fits(config: &ShardConfig, snapshot: &Snapshot) -> Result<Range<u64>, RestoreError> {
+    if snapshot.index != config.index || snapshot.replicas != config.replicas {
+        return Err(RestoreError::WrongShard {
+            found_index: snapshot.index,
+            found_replicas: snapshot.replicas,
+            index: config.index,
+            replicas: config.replicas,
+        });
+    }
+    let range = shard::range_of(snapshot.total_len, config.replicas, config.index).unwrap_or(0..0);
+    let expected = range.end - range.start;
+    if snapshot.values.len() as u64 != expected {
+        return Err(RestoreError::WrongLength {
+            found: snapshot.values.len(),
+            expected,
+            index: config.index,
+            total_len: snapshot.total_len,
+        });
+    }
+    if let Some((name, b)) = snapshot.optimizer.buffers.iter().find(|(_, b)| b.len() != snapshot.values.len())
+    {
+        return Err(RestoreError::Optimizer(format!(
+            "buffer {name} has {} values, expected {}",
+            b.len(),
+            snapshot.values.len()
+        )));
+    }
+    Ok(range)
 }
 
 #[cfg(test)]

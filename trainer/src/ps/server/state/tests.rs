@@ -5,6 +5,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use tandem_api::job::OptimizerSpec;
 
+use crate::compute::data::DataCursor;
+
 use super::*;
 
 const TOKEN: &str = "job-token";
@@ -22,6 +24,7 @@ fn config(mode: PsMode, replicas: u32, index: u32) -> ShardConfig {
         optimizer: OptimizerSpec { learning_rate: 1.0, ..OptimizerSpec::default() },
         max_total_len: 1 << 20,
         groups: 2,
+        bounds: JobBounds::loose(),
     }
 }
 
@@ -271,8 +274,12 @@ fn a_client_with_another_model_size_is_refused() {
 fn ranges_outside_the_shard_and_workers_of_another_run_are_refused() {
     let mut net = Net::new(config(PsMode::Sync, 2, 0));
     net.joined_worker(1, 0, 4, &[1.0, 1.0]);
+    // Each refused, and its session closed: a peer that sends one is broken.
     assert!(is_error(&net.push(1, 1, vec![1.0, 1.0]), ErrorCode::BadRange));
-    assert!(is_error(&net.call(1, Frame::Pull { offset: 0, len: 0 }), ErrorCode::BadRange));
+    assert!(net.closed.remove(&1));
+    net.worker(3, 0, 0, 0, 4);
+    assert!(is_error(&net.call(3, Frame::Pull { offset: 0, len: 0 }), ErrorCode::BadRange));
+    assert!(net.closed.remove(&3));
     // A worker must say how long its run is.
     net.connect(2);
     let none = net.hello(2, TOKEN, Peer::Worker { group: 1, rank: 0, attempt: 0 }, 4, 0);
@@ -392,8 +399,11 @@ fn a_groups_last_whole_contribution_is_kept_across_its_restart() {
     assert!(matches!(net.call(3, Frame::Join), Frame::Joined { .. }));
     net.call(3, Frame::Push { offset: 0, step: 2, values: vec![1.0, 1.0] });
     assert_eq!(contributed(&net), Some(3));
-    let malformed = net.call(3, Frame::Push { offset: 0, step: u64::MAX, values: vec![1.0, 1.0] });
-    assert!(matches!(malformed, Frame::Ack { .. }), "a step at the end of the range is taken, not a panic");
+    // A step beyond the run is refused, not recorded: the group's later steps would be taken for
+    // repeated ones, and the checkpoint's restore would refuse the record.
+    let beyond = net.call(3, Frame::Push { offset: 0, step: u64::MAX, values: vec![1.0, 1.0] });
+    assert!(is_error(&beyond, ErrorCode::OutOfBounds), "{beyond:?}");
+    assert_eq!(contributed(&net), Some(3));
 }
 
 #[test]
@@ -768,4 +778,121 @@ fn the_learning_rate_schedule_spans_the_run_the_workers_announce() {
     assert_eq!(snapshot.total_steps, 2);
     let restored = ShardState::restore(cfg, snapshot).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(restored.snapshot().map(|s| s.total_steps), Some(2));
+}
+
+/// A job of `maxGroups: 4`, `groupSize: 2` and 10 steps.
+fn bounded(mode: PsMode) -> ShardConfig {
+    ShardConfig { bounds: JobBounds { max_groups: 4, group_size: 2, steps: Some(10) }, ..config(mode, 1, 0) }
+}
+
+fn refused_and_closed(net: &mut Net, s: SessionId, frame: Frame, code: ErrorCode, says: &[&str]) {
+    let reply = net.call(s, frame);
+    let Frame::Error { code: got, message } = &reply else { panic!("a refusal expected: {reply:?}") };
+    assert_eq!(*got, code, "{message}");
+    for part in says {
+        assert!(message.contains(part), "{message:?} should say {part:?}");
+    }
+    assert!(net.closed.remove(&s), "the session is closed after: {message}");
+}
+
+#[test]
+fn every_field_of_an_authenticated_frame_is_bounded_and_a_bad_one_closes_its_session() {
+    let mut net = Net::new(bounded(PsMode::Async { staleness: Some(2) }));
+    net.joined_worker(1, 0, 2, &[0.0, 0.0]);
+    net.push(1, 0, vec![1.0, 1.0]);
+    let before = net.shard.snapshot().unwrap();
+    let hello = |net: &mut Net, s: SessionId, group: u32, rank: u32, steps: u64| {
+        net.connect(s);
+        net.hello(s, TOKEN, Peer::Worker { group, rank, attempt: 0 }, 2, steps)
+    };
+    // Group and rank indices within the plan, the run's length within any run.
+    for (s, group, rank, steps, says) in [
+        (10, 4, 0, STEPS, ["group 4", "workers.maxGroups is 4"]),
+        (11, u32::MAX, 0, STEPS, ["group 4294967295", "workers.maxGroups is 4"]),
+        (12, 1, 2, STEPS, ["rank 2 of group 1", "workers.groupSize is 2"]),
+        (13, 1, 0, u64::MAX, ["18446744073709551615 steps", "beyond any run"]),
+    ] {
+        let frame = hello(&mut net, s, group, rank, steps);
+        refused_and_closed(&mut net, s, frame, ErrorCode::OutOfBounds, &says);
+    }
+    assert_eq!(net.shard.status().groups.len(), 1, "no refused group is kept");
+
+    // Steps within the run and the window; offsets within the layout; finite values. Each
+    // refusal ends the session, so group 2 says hello again on a new one.
+    let mut w = 20;
+    let again = |net: &mut Net, w: &mut SessionId| {
+        *w += 1;
+        net.worker(*w, 2, 0, 1, 2);
+        assert!(matches!(net.call(*w, Frame::Join), Frame::Joined { .. }));
+    };
+    again(&mut net, &mut w);
+    let zero = Frame::Push { offset: 0, step: 0, values: vec![0.0, 0.0] };
+    assert!(matches!(net.call(w, zero), Frame::Ack { .. }));
+    for (step, says) in [
+        (u64::MAX, &["group 2", "step 18446744073709551615", "below 10"][..]),
+        (10, &["group 2", "step 10", "below 10"][..]),
+        (4, &["group 2", "step 4", "steps below 1", "at most step 3"][..]),
+    ] {
+        let frame = Frame::Push { offset: 0, step, values: vec![1.0, 1.0] };
+        refused_and_closed(&mut net, w, frame, ErrorCode::OutOfBounds, says);
+        assert!(!net.shard.status().groups.iter().any(|g| g.group == 2 && g.member), "it left");
+        again(&mut net, &mut w);
+    }
+    let frame = Frame::Push { offset: 1, step: 1, values: vec![1.0, 1.0] };
+    refused_and_closed(&mut net, w, frame, ErrorCode::BadRange, &["range 1..3", "0..2"]);
+    again(&mut net, &mut w);
+    let frame = Frame::Push { offset: 0, step: 1, values: vec![1.0, f32::NAN] };
+    refused_and_closed(&mut net, w, frame, ErrorCode::NonFinite, &["group 2", "step 1", "NaN at offset 1"]);
+    again(&mut net, &mut w);
+    let frame = Frame::PutState { values: vec![f32::INFINITY] };
+    refused_and_closed(&mut net, w, frame, ErrorCode::NonFinite, &["group 2", "inf at index 0"]);
+    let report =
+        |step, samples, cursors| Frame::Report(Progress { step, samples, cursors, ..Progress::default() });
+    for (frame, says) in [
+        (report(11, 0, vec![]), ["step 11", "at most 10"]),
+        (report(1, u64::MAX, vec![]), ["samples 18446744073709551615", "beyond any run"]),
+        (report(1, 0, vec![DataCursor::at(0, 0); 3]), ["3 data cursors", "2 ranks"]),
+    ] {
+        again(&mut net, &mut w);
+        refused_and_closed(&mut net, w, frame, ErrorCode::OutOfBounds, &says);
+    }
+
+    // Frames pipelined behind a refused one are dropped unread.
+    again(&mut net, &mut w);
+    let outs = net.shard.handle(w, Frame::Push { offset: 0, step: 1, values: vec![f32::NAN; 2] });
+    assert!(net.shard.handle(w, Frame::Push { offset: 0, step: 1, values: vec![5.0; 2] }).is_empty());
+    net.apply(outs);
+
+    // Nothing of them reached the shard: group 0 trains on, its step applied once.
+    let mut after = net.shard.snapshot().unwrap();
+    assert_eq!(
+        (after.version, &after.values),
+        (before.version + 1, &before.values),
+        "only group 2's zero push"
+    );
+    after.contributed.retain(|&(g, _)| g == 0);
+    assert_eq!(after.contributed, before.contributed);
+    assert!(net.shard.check_restorable(&net.shard.snapshot().unwrap()).is_ok());
+    assert!(matches!(net.push(1, 0, vec![1.0, 1.0]), Frame::Ack { .. }));
+    assert_eq!(net.pull(1, 0, 2), Some(vec![-2.0, -2.0]));
+    // A valid report is taken.
+    assert!(matches!(net.call(1, report(2, 64, vec![DataCursor::at(0, 2); 2])), Frame::Ack { .. }));
+}
+
+#[test]
+fn a_run_in_epochs_bounds_steps_by_its_length_times_twice_the_most_groups() {
+    let cfg = ShardConfig {
+        bounds: JobBounds { steps: None, ..bounded(PsMode::Sync).bounds },
+        ..bounded(PsMode::Sync)
+    };
+    let mut net = Net::new(cfg);
+    net.joined_worker(1, 0, 1, &[0.0]);
+    // The run's length is STEPS (the hello's), with at most 4 groups: steps below 8 × STEPS.
+    assert_eq!(net.shard.step_bound(), 8 * STEPS);
+    assert!(matches!(
+        net.call(1, Frame::Push { offset: 0, step: 8 * STEPS - 1, values: vec![1.0] }),
+        Frame::Ack { .. }
+    ));
+    let frame = Frame::Push { offset: 0, step: 8 * STEPS, values: vec![1.0] };
+    refused_and_closed(&mut net, 1, frame, ErrorCode::OutOfBounds, &["below 8000"]);
 }
