@@ -1287,6 +1287,16 @@ pub struct Progress {
     pub samples_per_second: Option<f64>,
 }
 
+impl Progress {
+    /// A measured `f32` (a loss, an accuracy) as the `f64` that prints as the `f32` does: `0.944`
+    /// stays `0.944` instead of becoming the `f32`'s exact value `0.944000005722046`, which
+    /// `status.progress`, `kubectl get tj`'s columns and the curves would show. (A printer column
+    /// cannot format a number, so the value is written as a person reads it.)
+    pub fn measured(value: f32) -> f64 {
+        value.to_string().parse().unwrap_or(f64::from(value))
+    }
+}
+
 /// Most points `status.history` keeps (a few KiB of status).
 pub const HISTORY_POINTS: usize = 120;
 

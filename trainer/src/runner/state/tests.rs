@@ -255,6 +255,7 @@ fn progress_is_merged_and_lines_of_replaced_processes_are_ignored() {
         group: 0,
         group_step: 100,
         loss: Some(0.5),
+        group_loss: Some(0.5),
         accuracy: None,
         samples: 6400,
         data_wait: 0.25,
