@@ -912,8 +912,18 @@ async fn progress_is_read_from_the_ps_status_endpoint() {
         }
     })
     .await;
+    // The accuracy is the one the worker measured at step 20 (its last evaluation, evalEverySteps
+    // 10), written as measured: it prints as the worker's f32 does (`0.944`, not the f32's exact
+    // value `0.944000005722046`), so `kubectl get tj` shows what a person reads.
     let accuracy = progress.accuracy.expect("the worker reported an accuracy");
-    assert!(accuracy > 0.0 && accuracy <= 1.0, "{progress:?}");
+    let measured = String::from_utf8_lossy(&worker.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "progress" && v["progress"]["step"] == 20)
+        .find_map(|v| v["progress"]["accuracy"].as_f64())
+        .expect("the worker's progress line at step 20 carries its evaluation");
+    assert!((accuracy - measured).abs() < 1e-6, "status {accuracy}, the worker measured {measured}");
+    assert_eq!(accuracy.to_string(), (accuracy as f32).to_string(), "{progress:?}");
     // 410 training samples in batches of 32: 12 steps an epoch, so step 20 is in the second.
     assert_eq!(progress.epoch, 1, "{progress:?}");
     assert!(progress.loss.is_some(), "{progress:?}");
