@@ -232,4 +232,30 @@ mod tests {
         assert!(compiled.rule.contains("'tokens' in fields.data"));
         assert_eq!(data.properties.as_ref().map(|p| p["tokens"].nullable), Some(None));
     }
+
+    /// The name bound is derived from the schema's maxima: a change to `maxGroups`'s, `groupSize`'s
+    /// or `replicas`' maximum must move [`crate::job::MAX_NAME`], and the rule and its message with it.
+    #[test]
+    fn the_name_rule_leaves_room_for_the_longest_child_host_name() {
+        use crate::job::{
+            LONGEST_CHILD_SUFFIX, MAX_GROUP_SIZE, MAX_GROUPS, MAX_HOST_NAME, MAX_NAME, MAX_PARAMETER_SERVERS,
+        };
+        let installed = crd();
+        let max = |path: &str| field(root(&installed), path).maximum.expect("a maximum") as u32;
+        for path in ["spec.workers.groups", "spec.workers.minGroups", "spec.workers.maxGroups"] {
+            assert_eq!(max(path), MAX_GROUPS, "{path}");
+        }
+        assert_eq!(max("spec.workers.groupSize"), MAX_GROUP_SIZE);
+        assert_eq!(max("spec.parameterServers.replicas"), MAX_PARAMETER_SERVERS);
+        let launcher = format!("-g{}-launcher", MAX_GROUPS - 1);
+        let worker = format!("-g{}-{}", MAX_GROUPS - 1, MAX_GROUP_SIZE - 1);
+        let ps = format!("-ps-{}", MAX_PARAMETER_SERVERS - 1);
+        assert_eq!(LONGEST_CHILD_SUFFIX, launcher.len());
+        assert!(worker.len() <= LONGEST_CHILD_SUFFIX && ps.len() <= LONGEST_CHILD_SUFFIX);
+        assert_eq!(MAX_NAME + LONGEST_CHILD_SUFFIX, MAX_HOST_NAME);
+        assert!(NAME_RULE.starts_with(&format!("size(self) <= {MAX_NAME} ")), "{NAME_RULE}");
+        assert!(NAME_MESSAGE.contains(&format!("at most {MAX_NAME} ")), "{NAME_MESSAGE}");
+        assert!(NAME_MESSAGE.contains(&format!("<name>{launcher}")), "{NAME_MESSAGE}");
+        assert!(NAME_MESSAGE.contains(&format!("add up to {LONGEST_CHILD_SUFFIX} more")), "{NAME_MESSAGE}");
+    }
 }

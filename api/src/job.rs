@@ -24,14 +24,46 @@ pub const GROUP: &str = "tandem.dev";
 /// API version of [`TrainingJob`].
 pub const VERSION: &str = "v1alpha1";
 
+/// Most worker groups a job may declare: the maximum of `workers.groups`, `workers.minGroups` and
+/// `workers.maxGroups` (a unit test holds the schema to it). Groups are numbered from 0.
+pub const MAX_GROUPS: u32 = 1024;
+/// Most ranks a group may have: the maximum of `workers.groupSize`.
+pub const MAX_GROUP_SIZE: u32 = 1024;
+/// Most parameter servers a job may declare: the maximum of `parameterServers.replicas`.
+pub const MAX_PARAMETER_SERVERS: u32 = 64;
+/// Longest host name a pod may have: a DNS label.
+pub const MAX_HOST_NAME: usize = 63;
+
+/// Decimal digits of `n`.
+const fn digits(mut n: u32) -> usize {
+    let mut count = 1;
+    while n >= 10 {
+        n /= 10;
+        count += 1;
+    }
+    count
+}
+
+/// The most characters a child's host name adds to the job's name. A pod's host name is its name
+/// (`<job>-ps-<i>`, `<job>-g<g>-<r>`, `<job>-g<g>-launcher`), so the longest is the launcher of the
+/// highest group the schema allows ([`MAX_GROUPS`] − 1); a worker's suffix (at most
+/// `-g<MAX_GROUPS − 1>-<MAX_GROUP_SIZE − 1>`) and a PS's (`-ps-<MAX_PARAMETER_SERVERS − 1>`) are
+/// shorter (a unit test checks each).
+pub const LONGEST_CHILD_SUFFIX: usize = "-g".len() + digits(MAX_GROUPS - 1) + "-launcher".len();
+/// Longest job name: every child's host name must stay a DNS label.
+pub const MAX_NAME: usize = MAX_HOST_NAME - LONGEST_CHILD_SUFFIX;
+
 /// A job's name names its headless Service (a DNS-1035 label), prefixes its pods' host names and
 /// is the local runner's output folder (`out/<name>`), so it is checked as the API server checks a
-/// Service's name; `../../victim` is refused. (The API server itself only refuses `/` and `..`.)
-/// The rule sits on `metadata.name` itself ([`crate::crd::as_written`]): a rule on a string costs
-/// the API server a fraction of one on the whole object.
-pub(crate) const NAME_RULE: &str = "size(self) <= 63 && self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')";
-pub(crate) const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label: at most 63 lower-case letters, digits and '-', \
-     starting with a letter and ending with a letter or digit (it names the job's Service, pods and output folder)";
+/// Service's name, and bounded to [`MAX_NAME`] so that the longest pod host name
+/// (`<job>-g1023-launcher`) stays within 63 characters; `../../victim` is refused. (The API server
+/// itself only refuses `/` and `..`.) The rule sits on `metadata.name` itself
+/// ([`crate::crd::as_written`]): a rule on a string costs the API server a fraction of one on the
+/// whole object. A unit test holds the number in the rule and the message to [`MAX_NAME`].
+pub(crate) const NAME_RULE: &str = "size(self) <= 48 && self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')";
+pub(crate) const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label of at most 48 lower-case letters, digits and '-', \
+     starting with a letter and ending with a letter or digit: it names the job's Service and output folder, and its pods' \
+     host names (at most 63 characters) add up to 15 more, as in <name>-g1023-launcher";
 
 /// A distributed training job: parameter servers and MPI worker groups working in tandem.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -1253,6 +1285,16 @@ pub struct Progress {
     /// Training throughput over all groups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples_per_second: Option<f64>,
+}
+
+impl Progress {
+    /// A measured `f32` (a loss, an accuracy) as the `f64` that prints as the `f32` does: `0.944`
+    /// stays `0.944` instead of becoming the `f32`'s exact value `0.944000005722046`, which
+    /// `status.progress`, `kubectl get tj`'s columns and the curves would show. (A printer column
+    /// cannot format a number, so the value is written as a person reads it.)
+    pub fn measured(value: f32) -> f64 {
+        value.to_string().parse().unwrap_or(f64::from(value))
+    }
 }
 
 /// Most points `status.history` keeps (a few KiB of status).

@@ -20,6 +20,11 @@
 //!   from the PS weights; a PS or an `allreduce` group from its newest checkpoint where its output
 //!   folder survives ([`Relaunch`]): always locally, on a cluster only with a checkpoint claim (a
 //!   new pod gets a new emptyDir).
+//! - A parameter server's failure costs one restart, wherever the job runs. The groups that lose
+//!   it start again as new attempts that do not count ([`relaunch_with_ps`]): the local runner
+//!   relaunches every unfinished group with a restarted PS; on a cluster each group exits with
+//!   [`EXIT_PEER_LOST`] when its PS goes, and a group whose every failed process exited so
+//!   ([`lost_a_parameter_server`]) while a PS of the job restarted is relaunched the same way.
 //! - A restarted unit comes back after `backoffSeconds · 2^(attempt−1)`, at most [`MAX_BACKOFF`]
 //!   ([`backoff`]).
 //!
@@ -29,7 +34,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::contract::Role;
+use crate::contract::{EXIT_PEER_LOST, Role};
 use crate::job::{Backend, RestartPolicy, RunPolicy, TrainingJobSpec};
 
 /// Longest back-off before a restarted unit comes back.
@@ -292,6 +297,33 @@ pub fn judge(
             "{cause} (retryable): restarting {}, attempt {attempt}, restart {restarts} of {}",
             unit.restart_scope(spec, relaunch),
             policy.max_restarts
+        ),
+    }
+}
+
+/// Whether `unit`'s `failures` are only the loss of a peer outside it: `unit` is a worker group
+/// and every one of its processes that failed exited with [`EXIT_PEER_LOST`]. Nothing in the
+/// group was killed (a killed process ends by a signal or with 128 + its number, a lost pod is
+/// evicted, deleted or loses its node), so the peer it lost is a parameter server. When one of the
+/// job's parameter servers restarted, the group is relaunched with [`relaunch_with_ps`].
+pub fn lost_a_parameter_server(unit: Unit, failures: &[Failure]) -> bool {
+    matches!(unit, Unit::Group(_))
+        && !failures.is_empty()
+        && failures.iter().all(|f| f.kind == FailureKind::Exit(EXIT_PEER_LOST))
+}
+
+/// Decides about `group` (in its attempt `attempt`), which starts again because parameter server
+/// `ps` restarted, when the job has used `restarts` restarts: a new attempt after `backoff` that
+/// does not count towards `maxRestarts`, since the server's own restart was counted. One PS
+/// failure so costs one restart, locally and on a cluster.
+pub fn relaunch_with_ps(group: Unit, ps: u32, attempt: u32, restarts: u32, backoff: Duration) -> Verdict {
+    Verdict::Restart {
+        attempt: attempt + 1,
+        restarts,
+        backoff,
+        message: format!(
+            "{group} relaunched because parameter server {ps} restarted (not counted towards \
+             runPolicy.maxRestarts: the server's restart was)"
         ),
     }
 }

@@ -9,7 +9,8 @@
 //!
 //! Guarantees: the SVG needs no fonts or scripts beyond a browser's defaults; the text chart is
 //! ASCII; an empty series is left out rather than drawn, and so are NaN values (an empty field in
-//! the CSV). No dependencies, no I/O but [`Curve::write`].
+//! the CSV); the SVG marks each test point (an evaluation) and joins only points that exist, so
+//! neither panel shows a value nobody measured or a legend for a series it does not draw. No dependencies, no I/O but [`Curve::write`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -82,7 +83,8 @@ impl Curve {
             let py = |v: f64| y0 + ph * (1.0 - (v / ymax).clamp(0.0, 1.0));
             let _ = writeln!(
                 s,
-                r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>
+                r##"<g class="panel" id="{label}">
+<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>
 <text x="{}" y="{}" text-anchor="middle">{label}</text>
 <text x="{}" y="{}" text-anchor="middle">step</text>"##,
                 x0 + pw / 2.0,
@@ -105,20 +107,33 @@ impl Curve {
                 );
             }
             for (name, pts, color) in [("train", &self.train, "#1f77b4"), ("test", &self.test, "#d62728")] {
-                let path: Vec<String> = pts
+                let points: Vec<(f64, f64)> = pts
                     .iter()
                     .map(|p| (p.0, if field == 1 { p.1 } else { p.2 }))
                     .filter(|(_, v)| v.is_finite())
-                    .map(|(step, v)| format!("{:.1},{:.1}", px(step), py(v)))
+                    .map(|(step, v)| (px(step), py(v)))
                     .collect();
-                if path.is_empty() {
+                if points.is_empty() {
                     continue;
                 }
-                let _ = writeln!(
-                    s,
-                    r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"##,
-                    path.join(" ")
-                );
+                if points.len() >= 2 {
+                    let path: Vec<String> = points.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+                    let _ = writeln!(
+                        s,
+                        r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"##,
+                        path.join(" ")
+                    );
+                }
+                // Test points are evaluations, each a measurement: a mark at each (and a lone
+                // training point would draw nothing as a line).
+                if name == "test" || points.len() == 1 {
+                    for (x, y) in &points {
+                        let _ = writeln!(
+                            s,
+                            r##"<circle class="{name}" cx="{x:.1}" cy="{y:.1}" r="3" fill="{color}"/>"##
+                        );
+                    }
+                }
                 let ly = if name == "train" { y0 + 14.0 } else { y0 + 30.0 };
                 let _ = writeln!(
                     s,
@@ -129,6 +144,7 @@ impl Curve {
                     ly + 4.0
                 );
             }
+            s.push_str("</g>\n");
         }
         s.push_str("</svg>\n");
         s
@@ -232,7 +248,49 @@ mod tests {
         assert!(csv.contains("test,200,0.3,0.91\n"), "{csv}");
         let svg = curve.to_svg("merged");
         assert!(!svg.contains("NaN"), "{svg}");
-        assert_eq!(svg.matches("<polyline").count(), 3, "train loss, test loss and test accuracy");
+        assert_eq!(svg.matches("<polyline").count(), 2, "train loss and test accuracy");
+        assert_eq!(
+            svg.matches("<circle class=\"test\"").count(),
+            3,
+            "two evaluations and the final test loss"
+        );
+    }
+
+    /// The part of `svg` that draws panel `id`.
+    fn panel<'a>(svg: &'a str, id: &str) -> &'a str {
+        let start = svg.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no panel {id}: {svg}"));
+        let end = svg[start..].find("</g>").map_or(svg.len(), |e| start + e);
+        &svg[start..end]
+    }
+
+    /// Each panel draws what was measured: a mark per evaluation in the accuracy panel (none
+    /// between them), and in the loss panel a test legend only with the test loss it labels.
+    #[test]
+    fn the_svg_marks_each_evaluation_and_labels_only_what_it_draws() {
+        let mut curve = Curve::default();
+        for step in (10..=100).step_by(10) {
+            curve.record_merged(step, Some(2.0 - step as f64 / 100.0), None, None);
+        }
+        curve.record_merged(50, None, Some(0.8), None);
+        curve.record_merged(100, None, Some(0.9), None);
+        let svg = curve.to_svg("evaluations");
+        let (loss, accuracy) = (panel(&svg, "loss"), panel(&svg, "accuracy"));
+        assert_eq!(accuracy.matches("<circle class=\"test\"").count(), 2, "{accuracy}");
+        assert_eq!(
+            accuracy.matches("<polyline").count(),
+            1,
+            "a line between the two evaluations: {accuracy}"
+        );
+        assert_eq!(loss.matches("<polyline").count(), 1, "the training loss: {loss}");
+        assert!(!loss.contains(">test</text>"), "no test loss was measured, so no test legend: {loss}");
+        assert!(!loss.contains("<circle"), "{loss}");
+
+        // The final evaluation's test loss: one measured point, drawn as a mark with its legend.
+        curve.record_merged(100, None, Some(0.9), Some(0.4));
+        let svg = curve.to_svg("evaluations");
+        let loss = panel(&svg, "loss");
+        assert_eq!(loss.matches("<circle class=\"test\"").count(), 1, "{loss}");
+        assert!(loss.contains(">test</text>"), "{loss}");
     }
 
     #[test]

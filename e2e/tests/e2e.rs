@@ -94,7 +94,10 @@ async fn a_killed_worker_restarts_its_group_only_and_the_job_succeeds() {
     // Once the killed group runs again, compare (finished PS pods are cleaned up at the end).
     common::assert_only_group_relaunched(&ns, "chaos", 1, &before).await;
     wait_succeeded(&ns, "chaos").await;
-    assert_workers_finished(&ns, "chaos", 0.0).await;
+    // The target of the undisturbed run (0.90 after 600 steps, above), which this one meets after
+    // 1500 steps with group 1 resumed from the PS weights (as `tandem train` does after a killed
+    // worker: trainer/tests/it/runner_e2e.rs).
+    assert_workers_finished(&ns, "chaos", 0.90).await;
     ns.cleanup().await.unwrap();
 }
 

@@ -254,7 +254,10 @@ async fn a_killed_worker_restarts_its_group_only_and_the_job_succeeds() {
     kill_container(&victim);
     common::assert_only_group_relaunched(&ns, "chaos", 1, &before).await;
     wait_succeeded(&ns, "chaos").await;
-    assert_tcp_workers_finished(&ns, "chaos", 0.0).await;
+    // The target of the undisturbed run (scenario 1: 0.90 after 600 steps), which this one meets
+    // after 1000 steps with group 1 resumed from the PS weights (as `tandem train` does after a
+    // killed worker: trainer/tests/it/runner_e2e.rs).
+    assert_tcp_workers_finished(&ns, "chaos", 0.90).await;
     ns.cleanup().await.unwrap();
 }
 

@@ -146,4 +146,26 @@ mod tests {
         job.metadata.name = None;
         assert_eq!(validate(&job).unwrap_err(), ValidationError::Metadata(String::new(), "name"));
     }
+
+    /// A name the CRD admits (at most `tandem_api::MAX_NAME` characters) fits every child's host
+    /// name at the schema's largest groups, ranks and PS count: the CRD's bound is this check's.
+    #[test]
+    fn the_longest_name_the_crd_admits_fits_every_child_at_the_schemas_maxima() {
+        use tandem_api::{MAX_GROUP_SIZE, MAX_GROUPS, MAX_NAME, MAX_PARAMETER_SERVERS};
+        let name = "a".repeat(MAX_NAME);
+        let (last_group, last_rank) = (MAX_GROUPS - 1, MAX_GROUP_SIZE - 1);
+        for role in [
+            Role::Launcher { group: last_group },
+            Role::Worker { group: last_group, rank: last_rank },
+            Role::Ps { index: MAX_PARAMETER_SERVERS - 1 },
+        ] {
+            let host = names::pod(&name, role);
+            assert!(host.len() <= MAX_LABEL, "{host} has {} characters", host.len());
+        }
+        assert_eq!(names::pod(&name, Role::Launcher { group: last_group }).len(), MAX_LABEL);
+        for group_size in [1, 4, MAX_GROUP_SIZE] {
+            assert!(validate_name(&name, MAX_GROUPS, group_size).is_ok());
+        }
+        assert!(validate_name(&format!("{name}a"), MAX_GROUPS, 1).is_err());
+    }
 }

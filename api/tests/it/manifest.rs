@@ -57,3 +57,22 @@ fn a_field_given_as_null_counts_as_unset_as_on_the_api_server() {
     assert_eq!(job.spec.training.epochs, None);
     assert_eq!(job.spec.data.batch_size, 64, "an unset batchSize takes its default");
 }
+
+/// `tandem train -f` refuses a name one character too long for the launcher of the highest group
+/// (`<name>-g1023-launcher` must fit a 63-character host name) and admits one of exactly the limit.
+#[test]
+fn a_name_is_bounded_by_its_longest_pod_host_name() {
+    let job = |name: &str| {
+        format!(
+            "apiVersion: tandem.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: {name}}}\n\
+             spec:\n  training: {{algorithm: allreduce, steps: 10}}\n"
+        )
+    };
+    let longest = "a".repeat(tandem_api::MAX_NAME);
+    assert_eq!(longest.len() + "-g1023-launcher".len(), 63);
+    manifest::parse(&job(&longest)).unwrap_or_else(|e| panic!("a {}-character name: {e}", longest.len()));
+    let err = manifest::parse(&job(&format!("{longest}b"))).expect_err("one character more is refused");
+    let text = err.to_string();
+    assert!(text.contains("at most 48 lower-case letters"), "{text}");
+    assert!(text.contains("<name>-g1023-launcher"), "{text}");
+}

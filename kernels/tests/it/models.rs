@@ -7,7 +7,7 @@
 
 use crate::common::Rand;
 use tandem_kernels::layers::{
-    BatchNorm, Conv2d, ConvSpec, Dense, GlobalAvgPool, Layout, MaxPool2d, PoolSpec, Relu,
+    BatchNorm, Conv2d, ConvSpec, Dense, GlobalAvgPool, LayerTime, Layout, MaxPool2d, PoolSpec, Relu,
 };
 use tandem_kernels::models::{self, GptConfig, ResNetConfig, ResNetFamily, VggConfig, VggVariant};
 use tandem_kernels::net::{Batch, NetError, Network, NetworkBuilder};
@@ -466,17 +466,39 @@ fn profiling_times_every_layer_and_changes_nothing() {
     for want in ["conv1", "bn1", "layer1.0", "layer1.0.conv1", "layer2.0.downsample.0", "fc"] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
+    // Listed in the network's order, each composite before its own layers.
+    let at = |n: &str| names.iter().position(|m| *m == n).unwrap();
+    let order = ["conv1", "bn1", "layer1.0", "layer1.0.conv1", "layer2.0.downsample.0", "fc"];
+    assert!(order.windows(2).all(|w| at(w[0]) < at(w[1])), "{names:?}");
     for t in &times {
         assert_eq!(t.calls, 1, "{}: one forward pass", t.name);
-        assert!(t.forward >= 0.0 && t.backward >= 0.0, "{}", t.name);
         assert_eq!(t.leaf, !names.iter().any(|n| n.starts_with(&format!("{}.", t.name))), "{}", t.name);
     }
-    // A composite's time includes its layers'.
+    // A convolution does real work both ways: each pass was timed, not left at zero.
+    for t in times.iter().filter(|t| t.leaf && t.name.ends_with("conv1")) {
+        assert!(
+            t.forward > 0.0 && t.backward > 0.0,
+            "{}: forward {} s, backward {} s",
+            t.name,
+            t.forward,
+            t.backward
+        );
+    }
+    // A composite's time includes its layers', both ways.
     let of = |n: &str| times.iter().find(|t| t.name == n).unwrap();
     let block = of("layer1.0");
-    let inner: f64 =
-        times.iter().filter(|t| t.leaf && t.name.starts_with("layer1.0.")).map(|t| t.forward).sum();
-    assert!(block.forward >= inner, "layer1.0 forward {} < its layers' {inner}", block.forward);
+    let inner = |pass: fn(&LayerTime) -> f64| -> f64 {
+        times.iter().filter(|t| t.leaf && t.name.starts_with("layer1.0.")).map(pass).sum()
+    };
+    assert!(block.forward >= inner(|t| t.forward), "layer1.0 forward {} < its layers'", block.forward);
+    assert!(block.backward >= inner(|t| t.backward), "layer1.0 backward {} < its layers'", block.backward);
+    // A second pass adds to every time: the profile accumulates until profiling stops.
+    let mut s = state0.clone();
+    net.forward_backward(&params, &mut s, &mut profiled, x.batch(), &y).unwrap();
+    for (first, second) in times.iter().zip(net.layer_times()) {
+        assert_eq!((second.name.as_str(), second.calls), (first.name.as_str(), 2));
+        assert!(second.forward >= first.forward && second.backward >= first.backward, "{}", first.name);
+    }
     net.set_profiling(false);
     assert!(net.layer_times().is_empty(), "stopping profiling clears the times");
 }

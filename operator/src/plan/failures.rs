@@ -48,7 +48,16 @@ pub(super) fn restart_failed_units(
     for (unit, failures) in failures_by_unit(draft, pods) {
         let Some(cause) = policy::cause(&spec.run_policy, &failures) else { continue };
         let attempt = attempt_in(&draft.status, cause.role);
-        let verdict = policy::judge(spec, Relaunch::NewPod, unit, cause, attempt, draft.status.restarts);
+        let lost_ps = policy::lost_a_parameter_server(unit, &failures)
+            .then(|| restarted_parameter_server(draft, pods, unit))
+            .flatten();
+        let verdict = match lost_ps {
+            Some(ps) => {
+                let backoff = policy::backoff(spec.run_policy.backoff_seconds, attempt + 1);
+                policy::relaunch_with_ps(unit, ps, attempt, draft.status.restarts, backoff)
+            }
+            None => policy::judge(spec, Relaunch::NewPod, unit, cause, attempt, draft.status.restarts),
+        };
         restart(draft, cause, verdict, None)?;
         for p in pods.iter().filter(|p| Unit::of(p.role) == unit && !p.deleting) {
             draft.delete(&p.name);
@@ -56,6 +65,30 @@ pub(super) fn restart_failed_units(
         restarted.push(unit);
     }
     Ok(restarted)
+}
+
+/// The parameter server that restarted while `group`'s current attempt ran, if one did: its pod
+/// failed, its container is down or was restarted in place (counted yet or not), or its unit
+/// restarted after the group's last restart. A group whose processes all exited with the peer-lost
+/// code then lost that server ([`policy::lost_a_parameter_server`]), and is relaunched without
+/// counting a restart: the server's own restart counts, once.
+fn restarted_parameter_server(draft: &Draft<'_>, pods: &[ObservedPod<'_>], group: Unit) -> Option<u32> {
+    let spec = draft.job.spec;
+    let last_restart = |unit: Unit| {
+        draft.old.attempts.iter().find(|a| a.unit == unit.key()).and_then(|a| a.last_restart_time.as_ref())
+    };
+    let group_since = last_restart(group).map(|t| t.0);
+    let since_group = (0..spec.parameter_servers.replicas)
+        .find(|&index| last_restart(Unit::Ps(index)).is_some_and(|t| group_since.is_none_or(|g| t.0 > g)));
+    since_group.or_else(|| {
+        pods.iter().filter(|p| p.role.in_spec(spec)).find_map(|p| {
+            let Role::Ps { index } = p.role else { return None };
+            let record = draft.old.attempts.iter().find(|a| a.unit == Unit::of(p.role).key());
+            let counted = record.and_then(|r| r.container_restarts).unwrap_or(0);
+            let restarted = p.container_restarts().is_some_and(|(count, _)| count > counted);
+            (p.failure().is_some() || restarted || p.container_down()).then_some(index)
+        })
+    })
 }
 
 /// Parameter servers whose container the kubelet restarted in place (`restartPolicy: OnFailure`,

@@ -130,6 +130,18 @@ impl<'a> ObservedPod<'a> {
         container_restarts(self.pod)
     }
 
+    /// Whether its `tandem` container is not running after it ran: ended, or waiting to be
+    /// restarted in place (the kubelet reports the run that ended as its last state).
+    pub fn container_down(&self) -> bool {
+        let statuses = self.pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+        statuses.into_iter().flatten().filter(|c| c.name == names::CONTAINER).any(|c| {
+            let state = c.state.as_ref();
+            state.is_some_and(|s| s.terminated.is_some())
+                || (state.is_some_and(|s| s.waiting.is_some())
+                    && c.last_state.as_ref().is_some_and(|s| s.terminated.is_some()))
+        })
+    }
+
     /// How the pod failed, if it did: its phase is Failed (evicted, node lost, an exit code, or a
     /// reason) or Unknown (node lost), or it is being deleted before it ended.
     pub fn failure(&self) -> Option<Failure> {

@@ -319,6 +319,88 @@ async fn children_status_and_group_restart() {
     h.stop().await;
 }
 
+/// Sets the `tandem` container of running pod `pod` as a kubelet shows it: `restarts` in-place
+/// restarts, `last_exit` the exit code of the run that ended last, and running now or (`down`)
+/// ended with that code and not yet restarted.
+async fn set_container(h: &Harness, pod: &str, restarts: i32, last_exit: i32, down: bool) {
+    let ended = json!({"terminated": {"exitCode": last_exit, "reason": "Error"}});
+    let (state, last) = if down { (ended, json!({})) } else { (json!({"running": {}}), ended) };
+    let status = json!({
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": if down {"False"} else {"True"}}],
+        "containerStatuses": [{
+            "name": "tandem", "image": "tandem-trainer:0.1", "imageID": "", "ready": !down,
+            "restartCount": restarts, "state": state, "lastState": last,
+        }],
+    });
+    h.pods()
+        .patch_status(pod, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .await
+        .unwrap();
+}
+
+/// Issue 42, item 4: one PS crash is one restart, as with `tandem train`. The PS's container is
+/// killed (137) and restarted in place by the kubelet; meanwhile every group's workers lose it and
+/// exit with the peer-lost code (200). The groups come back as new attempts, and `status.restarts`
+/// counts the PS's restart alone (it used to count 1 + the number of groups).
+#[tokio::test]
+async fn a_ps_crash_costs_one_restart_however_many_groups_lose_it() {
+    let h = Harness::start("op-ps-crash").await;
+    h.create_job(HYBRID).await;
+    let all = ["hybrid-g0-0", "hybrid-g0-1", "hybrid-g1-0", "hybrid-g1-1", "hybrid-ps-0"];
+    wait_pods(&h, "hybrid", &all).await;
+    h.run_all("hybrid").await;
+    wait_phase(&h, "hybrid", JobPhase::Running).await;
+
+    // As the kubelet reports it: the PS's container ended with 137; a worker of each group exits
+    // with 200. (One pod a group: the operator may relaunch group 0 before group 1 is set, and
+    // a relaunch replaces the group's other pods.)
+    set_container(&h, "hybrid-ps-0", 0, 137, true).await;
+    for pod in ["hybrid-g0-0", "hybrid-g1-0"] {
+        h.set_pod(pod, "Failed", false, Some(tandem_api::contract::EXIT_PEER_LOST)).await;
+    }
+    // Then the kubelet starts the PS's container again in the same pod.
+    set_container(&h, "hybrid-ps-0", 1, 137, false).await;
+
+    let status = wait_for("both groups relaunched and the PS restart counted", || async {
+        let status = h.job("hybrid").await.status.unwrap_or_default();
+        let attempt = |unit: &str| status.attempts.iter().find(|a| a.unit == unit).map(|a| a.attempt);
+        let ps = status.attempts.iter().find(|a| a.unit == "ps-0").and_then(|a| a.container_restarts);
+        if attempt("group-0") == Some(1) && attempt("group-1") == Some(1) && ps == Some(1) {
+            Ok(status)
+        } else {
+            Err(format!("{status:?}"))
+        }
+    })
+    .await;
+    assert_eq!(status.restarts, 1, "one PS crash, one restart: {status:?}");
+    assert_ne!(status.phase, Some(JobPhase::Failed));
+    // The Events follow the status write: the relaunch and the PS's restart are told (the
+    // recorder folds two Events of one reason on one job into a series, so one note may stand for
+    // both groups).
+    wait_for("an Event for the relaunch and for the PS's restart", || async {
+        let notes: Vec<String> = h.events("hybrid").await.into_iter().filter_map(|e| e.note).collect();
+        let told = |text: &str| notes.iter().any(|n| n.contains(text));
+        if told("relaunched because parameter server 0 restarted (not counted")
+            && told("pod hybrid-ps-0 exited with code 137")
+        {
+            Ok(())
+        } else {
+            Err(format!("{notes:?}"))
+        }
+    })
+    .await;
+    wait_for("group 1 recreated at attempt 1", || async {
+        let p = h.pods().get_opt("hybrid-g1-1").await.unwrap();
+        match p {
+            Some(p) if p.labels().get(names::LABEL_ATTEMPT).map(String::as_str) == Some("1") => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.labels().clone()))),
+        }
+    })
+    .await;
+    h.stop().await;
+}
+
 /// Issue 15, item 13: with `networkPolicy.enabled` (the operator's `--network-policy`), every job
 /// gets a NetworkPolicy, owned by it, under which its pods admit only the job's own pods, and the
 /// operator's pods on the PS status port; the chart's RBAC grants exactly that.
@@ -830,8 +912,18 @@ async fn progress_is_read_from_the_ps_status_endpoint() {
         }
     })
     .await;
+    // The accuracy is the one the worker measured at step 20 (its last evaluation, evalEverySteps
+    // 10), written as measured: it prints as the worker's f32 does (`0.944`, not the f32's exact
+    // value `0.944000005722046`), so `kubectl get tj` shows what a person reads.
     let accuracy = progress.accuracy.expect("the worker reported an accuracy");
-    assert!(accuracy > 0.0 && accuracy <= 1.0, "{progress:?}");
+    let measured = String::from_utf8_lossy(&worker.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "progress" && v["progress"]["step"] == 20)
+        .find_map(|v| v["progress"]["accuracy"].as_f64())
+        .expect("the worker's progress line at step 20 carries its evaluation");
+    assert!((accuracy - measured).abs() < 1e-6, "status {accuracy}, the worker measured {measured}");
+    assert_eq!(accuracy.to_string(), (accuracy as f32).to_string(), "{progress:?}");
     // 410 training samples in batches of 32: 12 steps an epoch, so step 20 is in the second.
     assert_eq!(progress.epoch, 1, "{progress:?}");
     assert!(progress.loss.is_some(), "{progress:?}");

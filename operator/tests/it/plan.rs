@@ -606,6 +606,53 @@ fn a_ps_restarted_in_place_keeps_its_pod_and_is_counted_once() {
     assert_eq!(third.status.restarts, 2);
 }
 
+/// Issue 42, item 4: the groups that lose a crashed PS exit with the peer-lost code; whether the
+/// operator sees them before or after the kubelet restarted the PS, the job counts one restart
+/// (the PS's), as `tandem train` does, and each group comes back as a new attempt.
+#[test]
+fn a_ps_crash_and_the_groups_that_lost_it_cost_one_restart() {
+    let peer_lost = tandem_api::contract::EXIT_PEER_LOST;
+    for kubelet_first in [false, true] {
+        let mut job = fixture("hybrid.yaml");
+        let mut pods = all_running(&job);
+        job.status = Some(run(&job, &pods, t0()).status);
+        let i = ps0_index(&pods);
+        if kubelet_first {
+            pods[i] = restarted_in_place(pods[i].clone(), 1, 137);
+        } else {
+            // The container ended and is not yet restarted: the kubelet shows its exit as current.
+            let mut down = exited(pods[i].clone(), 137);
+            down.status.as_mut().unwrap().phase = Some("Running".to_owned());
+            pods[i] = down;
+        }
+        for name in ["mnist-hybrid-g0-1", "mnist-hybrid-g1-0"] {
+            let w = pods.iter().position(|p| p.name_any() == name).unwrap();
+            pods[w] = exited(pods[w].clone(), peer_lost);
+        }
+        let plan = run(&job, &pods, at(10));
+        let attempts: Vec<(String, u32)> =
+            plan.status.attempts.iter().map(|a| (a.unit.clone(), a.attempt)).collect();
+        assert!(attempts.contains(&("group-0".to_owned(), 1)), "{attempts:?}");
+        assert!(attempts.contains(&("group-1".to_owned(), 1)), "{attempts:?}");
+        let relaunched =
+            plan.events.iter().filter(|e| e.message.contains("relaunched because parameter server 0"));
+        assert_eq!(relaunched.count(), 2, "{:?}", plan.events);
+        apply(&mut job, &mut pods, &plan);
+        if !kubelet_first {
+            pods[i] = restarted_in_place(pods[i].clone(), 1, 137);
+        }
+        let later = run(&job, &pods, at(20));
+        assert_eq!(later.status.restarts, 1, "kubelet first: {kubelet_first}; {:?}", later.events);
+    }
+    // Without a PS restart, a group's peer-lost exit is a failure of its own, and counts.
+    let mut job = fixture("hybrid.yaml");
+    let mut pods = all_running(&job);
+    job.status = Some(run(&job, &pods, t0()).status);
+    let w = pods.iter().position(|p| p.name_any() == "mnist-hybrid-g0-1").unwrap();
+    pods[w] = exited(pods[w].clone(), peer_lost);
+    assert_eq!(run(&job, &pods, at(10)).status.restarts, 1);
+}
+
 #[test]
 fn a_ps_restarted_in_place_after_a_permanent_exit_fails_the_job() {
     let job = fixture("hybrid.yaml");

@@ -187,3 +187,32 @@ async fn every_broken_rule_is_reported_and_null_fields_count_as_unset() -> Resul
     ns.cleanup().await?;
     Ok(())
 }
+
+/// The API server admits a name of exactly 48 characters (`tandem_api::MAX_NAME`) (its launcher's host
+/// name `<name>-g1023-launcher` is 63 long) and refuses one more, saying the limit and why.
+#[tokio::test]
+async fn a_name_is_bounded_by_its_longest_pod_host_name() -> Result<()> {
+    let cluster = cluster_with_crds().await?;
+    let ns = cluster.namespace("cel-name").await?;
+    let job = |name: String| {
+        serde_json::json!({
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": name},
+            "spec": {"training": {"algorithm": "allreduce", "steps": 10}},
+        })
+    };
+    let longest = "a".repeat(48);
+    ensure!(longest.len() + "-g1023-launcher".len() == 63, "MAX_NAME is {}", longest.len());
+    cluster.create(ns.name(), &job(longest.clone())).await.context("a name of the limit was refused")?;
+    let err = cluster
+        .create(ns.name(), &job(format!("{longest}b")))
+        .await
+        .err()
+        .context("a name one character over the limit was accepted")?;
+    let message = err.api_status().map(|s| s.message.clone()).unwrap_or_else(|| err.to_string());
+    ensure!(message.contains("at most 48 lower-case letters"), "unexpected refusal: {message}");
+    ensure!(message.contains("<name>-g1023-launcher"), "the refusal does not say why: {message}");
+    ns.cleanup().await?;
+    Ok(())
+}

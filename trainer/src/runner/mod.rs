@@ -108,7 +108,10 @@ pub enum Event {
         group_step: u64,
         /// Mean of the groups' latest training losses.
         loss: Option<f64>,
-        /// Latest test accuracy reported.
+        /// The reporting group's own training loss in this report.
+        group_loss: Option<f64>,
+        /// The test accuracy this report measured (the group evaluated at `group_step`); `None`
+        /// between evaluations, so that nothing shows an old evaluation as a new measurement.
         accuracy: Option<f64>,
         /// Samples processed so far, all groups and attempts together.
         samples: u64,

@@ -13,7 +13,8 @@
 //!   killed rank, not its peers' broken connections, is the cause.
 //! - `tandem worker` does not reconnect to a restarted PS, so a PS restart also relaunches every
 //!   unfinished group: a new attempt each, after the PS's back-off, not counted towards
-//!   `maxRestarts`.
+//!   `maxRestarts` ([`policy::relaunch_with_ps`], as the operator relaunches the groups that
+//!   lost a PS).
 //! - Lines and exits of processes that were replaced are ignored; the merged progress never goes
 //!   back ([`Merged`]).
 //! - A parameter server that exits cleanly while groups train fails the job: nothing stops a PS
@@ -466,9 +467,11 @@ impl Supervisor {
             .collect();
         for group in groups {
             self.kill_unit(group, out);
-            let attempt = self.attempt(group) + 1;
-            let message = format!("{group} relaunched because parameter server {ps} restarted");
-            self.restart(group, attempt, at, message, out);
+            let verdict =
+                policy::relaunch_with_ps(group, ps, self.attempt(group), self.restarts, Duration::ZERO);
+            if let Verdict::Restart { attempt, message, .. } = verdict {
+                self.restart(group, attempt, at, message, out);
+            }
         }
     }
 

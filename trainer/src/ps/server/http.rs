@@ -121,8 +121,8 @@ impl StatusDocument {
         let progress = status.progress.map(|p| tandem_api::job::Progress {
             step: p.step,
             epoch: p.epoch,
-            loss: p.loss.map(f64::from),
-            accuracy: p.accuracy.map(f64::from),
+            loss: p.loss.map(tandem_api::job::Progress::measured),
+            accuracy: p.accuracy.map(tandem_api::job::Progress::measured),
             samples_per_second,
         });
         let summary = PsStatus {
@@ -583,5 +583,34 @@ mod tests {
         assert_eq!(find_end(b"GET / HTTP/1.1\r\n\r\nbody"), Some(14));
         assert_eq!(find_end(b"GET / HTTP/1.1\n\n"), Some(14));
         assert_eq!(find_end(b"GET / HTTP/1.1\r\n"), None);
+    }
+
+    /// `status.progress` (and so `kubectl get tj`'s Accuracy column) carries the accuracy as
+    /// measured, `0.944`, not the `f32`'s exact value `0.944000005722046`.
+    #[test]
+    fn the_status_document_carries_measured_values_as_they_print() {
+        let status = ShardStatus {
+            shard: 0,
+            replicas: 1,
+            mode: tandem_api::PsMode::Sync,
+            version: 3,
+            ready: true,
+            total_len: 10,
+            range: 0..10,
+            groups: Vec::new(),
+            progress: Some(Progress {
+                step: 600,
+                loss: Some(0.3162f32),
+                accuracy: Some(0.944f32),
+                ..Default::default()
+            }),
+            refused: 0,
+            waiting_pulls: 0,
+            epochs: Vec::new(),
+        };
+        let json = serde_json::to_string(&StatusDocument::new(status, Some(1500.0))).unwrap();
+        assert!(json.contains(r#""accuracy":0.944,"#) || json.contains(r#""accuracy":0.944}"#), "{json}");
+        assert!(json.contains(r#""loss":0.3162,"#), "{json}");
+        assert!(!json.contains("0.944000"), "{json}");
     }
 }

@@ -198,7 +198,14 @@ fn a_ps_restart_relaunches_every_unfinished_group_without_counting_it() {
     assert_eq!(restarted[0].3, message, "locally the PS keeps its folder: the policy's SameFolder message");
     assert_eq!(
         restarted[1],
-        ("group", 0, 1, "group 0 relaunched because parameter server 1 restarted".to_owned())
+        (
+            "group",
+            0,
+            1,
+            "group 0 relaunched because parameter server 1 restarted (not counted towards runPolicy.maxRestarts: \
+             the server's restart was)"
+                .to_owned()
+        )
     );
     assert_eq!(run.sup.restarts(), 1, "the relaunch is not a restart");
 
@@ -255,6 +262,7 @@ fn progress_is_merged_and_lines_of_replaced_processes_are_ignored() {
         group: 0,
         group_step: 100,
         loss: Some(0.5),
+        group_loss: Some(0.5),
         accuracy: None,
         samples: 6400,
         data_wait: 0.25,
