@@ -80,6 +80,16 @@ pub fn validate(job: &TrainingJob) -> Result<ValidatedJob<'_>, ValidationError> 
     let namespace = meta.namespace.as_deref().ok_or_else(|| missing("namespace"))?;
     let uid = meta.uid.as_deref().ok_or_else(|| missing("uid"))?;
     job.spec.validate().map_err(|e| ValidationError::Spec(e.0))?;
+    if job.spec.workers.command.is_some() {
+        // Refused rather than ignored: without this the pods would run `tandem worker`, training
+        // a built-in model instead of the user's code.
+        return Err(ValidationError::Spec(
+            "workers.command (your own training code) runs under `tandem train -f` in this version; the \
+             operator does not start it on Kubernetes yet: run the job locally, or remove workers.command to \
+             train a built-in model"
+                .to_owned(),
+        ));
+    }
     validate_name(name, job.spec.workers.max_groups, job.spec.workers.group_size)?;
     Ok(ValidatedJob { name, namespace, uid, spec: &job.spec, job })
 }
@@ -167,5 +177,17 @@ mod tests {
             assert!(validate_name(&name, MAX_GROUPS, group_size).is_ok());
         }
         assert!(validate_name(&format!("{name}a"), MAX_GROUPS, 1).is_err());
+    }
+
+    #[test]
+    fn a_users_command_is_refused_until_the_operator_runs_it() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/pytorch/job.yaml");
+        let mut job: TrainingJob = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        job.metadata.namespace = Some("ns".to_owned());
+        job.metadata.uid = Some("u-1".to_owned());
+        // The spec itself is valid (the API server admits it); the operator says it cannot run it.
+        job.spec.validate().unwrap();
+        let err = validate(&job).unwrap_err().to_string();
+        assert!(err.contains("workers.command") && err.contains("tandem train -f"), "{err}");
     }
 }
