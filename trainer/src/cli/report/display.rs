@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(measured, [(50, 0.8), (100, 0.9)]);
         assert_eq!(display.curve.train.len(), 10, "one training point per step");
         let done = Event::Finished {
-            test_accuracy: 0.61,
+            test_accuracy: Some(0.61),
             test_loss: Some(0.9),
             steps: 100,
             samples_per_second: 1.0,
