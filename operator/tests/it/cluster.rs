@@ -209,6 +209,17 @@ async fn wait_pods(h: &Harness, job: &str, expected: &[&str]) {
     .await
 }
 
+/// Waits until pod `pod` exists at launch attempt `attempt`.
+async fn wait_attempt(h: &Harness, pod: &str, attempt: &str) {
+    wait_for(&format!("{pod} recreated at attempt {attempt}"), || async {
+        match h.pods().get_opt(pod).await.unwrap() {
+            Some(p) if p.labels().get(names::LABEL_ATTEMPT).map(String::as_str) == Some(attempt) => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.labels().clone()))),
+        }
+    })
+    .await
+}
+
 fn condition(
     job: &TrainingJob,
     type_: &str,
@@ -288,14 +299,7 @@ async fn children_status_and_group_restart() {
         "{}",
         restarting.message
     );
-    wait_for("group 1 recreated at attempt 1", || async {
-        let p = h.pods().get_opt("hybrid-g1-1").await.unwrap();
-        match p {
-            Some(p) if p.labels().get(names::LABEL_ATTEMPT).map(String::as_str) == Some("1") => Ok(()),
-            other => Err(format!("{:?}", other.map(|p| p.labels().clone()))),
-        }
-    })
-    .await;
+    wait_attempt(&h, "hybrid-g1-1", "1").await;
     for (name, uid) in ["hybrid-ps-0", "hybrid-g0-0", "hybrid-g0-1"].iter().zip(&untouched) {
         assert_eq!(&h.pods().get(name).await.unwrap().uid().unwrap(), uid, "{name} must not be restarted");
     }
@@ -390,14 +394,7 @@ async fn a_ps_crash_costs_one_restart_however_many_groups_lose_it() {
         }
     })
     .await;
-    wait_for("group 1 recreated at attempt 1", || async {
-        let p = h.pods().get_opt("hybrid-g1-1").await.unwrap();
-        match p {
-            Some(p) if p.labels().get(names::LABEL_ATTEMPT).map(String::as_str) == Some("1") => Ok(()),
-            other => Err(format!("{:?}", other.map(|p| p.labels().clone()))),
-        }
-    })
-    .await;
+    wait_attempt(&h, "hybrid-g1-1", "1").await;
     h.stop().await;
 }
 
