@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::job::TrainingJobSpec;
 
 pub mod status_auth;
+pub mod user;
+
+pub use user::{Hosting, UserFiles, UserProgress, user_env};
 
 /// Names of the environment variables of the contract.
 pub mod env {

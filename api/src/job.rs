@@ -91,15 +91,18 @@ pub(crate) const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label of
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.parameterServers.replicas == 0").message("algorithm allreduce uses no parameter server: set parameterServers.replicas to 0, or pick ps-sync, ps-async, hybrid or easgd"))]
-#[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.workers.groups == 1").message("algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid"))]
+#[x_kube(validation = Rule::new("self.training.algorithm != 'allreduce' || self.workers.groups == 1 || has(self.workers.command)").message("algorithm allreduce trains one MPI group: set workers.groups to 1 and use workers.groupSize for more ranks, or pick hybrid"))]
 #[x_kube(validation = Rule::new("self.training.algorithm == 'allreduce' || self.parameterServers.replicas >= 1").message("algorithms ps-sync, ps-async, hybrid and easgd need a parameter server: set parameterServers.replicas to at least 1"))]
-#[x_kube(validation = Rule::new("self.parameterServers.replicas >= 1 || !(has(self.runPolicy) && has(self.runPolicy.stallTimeoutSeconds))").message("runPolicy.stallTimeoutSeconds watches the step a parameter server reports, and this job has none: unset it, or use an algorithm with a parameter server"))]
+#[x_kube(validation = Rule::new("self.parameterServers.replicas >= 1 || !(has(self.runPolicy) && has(self.runPolicy.stallTimeoutSeconds)) || has(self.workers.command)").message("runPolicy.stallTimeoutSeconds watches the step a parameter server reports, and this job has none: unset it, or use an algorithm with a parameter server"))]
 #[x_kube(validation = Rule::new("self.model.kind != 'gpt' || self.data.source in ['shakespeare', 'text', 'synthetic']").message("model kind gpt is a language model: use data.source shakespeare (characters of a text), text (your UTF-8 file or folder at data.path) or synthetic (random tokens)"))]
 #[x_kube(validation = Rule::new("!(self.data.source in ['shakespeare', 'text']) || self.model.kind == 'gpt'").message("data.source shakespeare and text are texts: train them with model.kind gpt"))]
 #[x_kube(validation = Rule::new("self.workers.backend == 'mpi' || self.network.transport != 'infiniband'").message("network.transport infiniband needs workers.backend mpi: the built-in tcp backend cannot use RDMA"))]
 #[x_kube(validation = Rule::new("self.workers.backend != 'mpi' || self.workers.minGroups == self.workers.maxGroups || self.parameterServers.replicas >= 1").message("elastic scaling of mpi groups (minGroups < maxGroups) needs a parameter server to hold the weights while groups come and go"))]
 #[x_kube(validation = Rule::new("!has(self.model.parallelism) || self.model.parallelism == 'data' || self.workers.groupSize >= 2").message("model.parallelism model and hybrid split dense layers over the ranks of a worker group: set workers.groupSize to 2 or more, or use model.parallelism data"))]
 #[x_kube(validation = Rule::new("!has(self.model.parallelism) || self.model.parallelism == 'data' || self.workers.backend == 'tcp'").message("model.parallelism model and hybrid exchange activations over the built-in tcp collectives: set workers.backend to tcp, or use model.parallelism data"))]
+#[x_kube(validation = Rule::new(USER_MODEL_RULE).message("workers.command runs your own training code, which builds its own model: remove spec.model (only Tandem's built-in trainer reads it)"))]
+#[x_kube(validation = Rule::new(USER_DATA_RULE).message("workers.command runs your own training code, which reads its own data: remove spec.data (only Tandem's built-in trainer reads it; TANDEM_DATA_DIR names Tandem's data folder, and workers.args or workers.env can name yours)"))]
+#[x_kube(validation = Rule::new("!has(self.workers.command) || !(has(self.training.optimizer) || has(self.training.easgd))").message("workers.command runs your own training code with its own optimizer: remove training.optimizer and training.easgd (only Tandem's built-in trainer and parameter servers read them)"))]
 pub struct TrainingJobSpec {
     /// Container image that runs every role (`tandem ps`, `tandem worker`, `tandem launcher`).
     #[serde(default = "default_image")]
@@ -126,6 +129,34 @@ pub struct TrainingJobSpec {
     #[serde(default)]
     pub run_policy: RunPolicy,
 }
+
+/// `spec.model` with a user command: only the stored default (`kind: mlp`) may be there. Every
+/// field of the model but `kind` is named (a test checks that none is missing).
+pub(crate) const USER_MODEL_RULE: &str = "!has(self.workers.command) || (self.model.kind == 'mlp' && \
+     !(has(self.model.hidden) || has(self.model.channels) || has(self.model.depth) || has(self.model.width) || \
+     has(self.model.variant) || has(self.model.classifierWidth) || has(self.model.layers) || has(self.model.heads) || \
+     has(self.model.dim) || has(self.model.context) || has(self.model.parallelism) || has(self.model.layerParallelism)))";
+
+/// `spec.data` with a user command: only the stored default (`source: mnist5k`) may be there.
+/// Every field of the data but `source` is named (a test checks that none is missing).
+pub(crate) const USER_DATA_RULE: &str = "!has(self.workers.command) || (self.data.source == 'mnist5k' && \
+     !(has(self.data.path) || has(self.data.testPath) || has(self.data.imageSize) || has(self.data.augment) || \
+     has(self.data.normalize) || has(self.data.evalResize) || has(self.data.tokens) || has(self.data.loader) || \
+     has(self.data.labelColumn) || has(self.data.batchSize) || has(self.data.syntheticSamples) || \
+     has(self.data.syntheticShape) || has(self.data.syntheticClasses) || has(self.data.s3)))";
+
+/// A `workers.env` name may not set the launch contract's variables
+/// ([`crate::contract::user::USER_VARS`]; a test keeps the two lists equal). It is a rule on the name
+/// itself: inside the spec's compiled rule (`crd::rules`) a comprehension over the list would
+/// multiply the API server's cost estimate past its budget.
+pub(crate) const USER_ENV_RULE: &str = "self.matches('^[A-Za-z_][A-Za-z0-9_]*$') && \
+     !self.startsWith('TANDEM_') && !(self in ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', \
+     'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK', 'ROLE_WORLD_SIZE', 'ROLE_NAME', 'MASTER_ADDR', 'MASTER_PORT', \
+     'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'TORCHELASTIC_RUN_ID'])";
+pub(crate) const USER_ENV_MESSAGE: &str = "workers.env names must be letters, digits and '_' (not starting with a digit), \
+     and must not set the launch contract's variables (TANDEM_*, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, \
+     GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*): \
+     Tandem sets them for every rank";
 
 fn default_image() -> String {
     "tandem-trainer:0.1".to_owned()
@@ -156,13 +187,13 @@ pub struct ModelSpec {
     #[serde(default)]
     pub kind: ModelKind,
     /// Hidden layer widths of the MLP, or of the CNN's dense head; other kinds ignore it.
-    #[serde(default = "default_hidden")]
-    #[schemars(length(max = 16))]
+    #[serde(default = "default_hidden", skip_serializing_if = "is_default_hidden")]
+    #[schemars(length(max = 16), extend("default" = [256, 128]))]
     #[x_kube(validation = Rule::new("self.all(w, w >= 1 && w <= 65536)").message("model.hidden widths must lie in [1, 65536]"))]
     pub hidden: Vec<u32>,
     /// Output channels of the CNN's two convolution blocks; other kinds ignore it.
-    #[serde(default = "default_channels")]
-    #[schemars(length(max = 2))]
+    #[serde(default = "default_channels", skip_serializing_if = "is_default_channels")]
+    #[schemars(length(max = 2), extend("default" = [16, 32]))]
     #[x_kube(validation = Rule::new("size(self) == 2 && self.all(c, c >= 1 && c <= 1024)").message("model.channels needs exactly two values in [1, 1024], one per convolution block"))]
     pub channels: Vec<u32>,
     /// ResNet depth (`resnet`): 6n+2 (20, 32, 44, 56, 110) for the CIFAR-style family (3×3 stem,
@@ -269,6 +300,25 @@ fn default_hidden() -> Vec<u32> {
 
 fn default_channels() -> Vec<u32> {
     vec![16, 32]
+}
+
+// Defaults are not written back (the schema states them with `extend("default" …)`, which
+// schemars would otherwise leave out): a spec serialised for [`TrainingJobSpec::validate`] then sets
+// only what its manifest set, which the rules about `workers.command` test with `has()`.
+fn is_default_hidden(v: &[u32]) -> bool {
+    v == default_hidden()
+}
+
+fn is_default_channels(v: &[u32]) -> bool {
+    v == default_channels()
+}
+
+fn is_default_batch_size(v: &u32) -> bool {
+    *v == default_batch_size()
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// Supported model families.
@@ -428,8 +478,8 @@ pub struct DataSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_column: Option<u32>,
     /// Samples per step on each worker rank (sequences of `model.context` tokens for a GPT).
-    #[serde(default = "default_batch_size")]
-    #[schemars(range(min = 1, max = 65536))]
+    #[serde(default = "default_batch_size", skip_serializing_if = "is_default_batch_size")]
+    #[schemars(range(min = 1, max = 65536), extend("default" = 64))]
     pub batch_size: u32,
     /// Number of samples of the `synthetic` source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -659,7 +709,7 @@ pub struct TrainingSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("training.algorithm cannot change on a running job; delete and recreate it"))]
     pub algorithm: Algorithm,
     /// Optimizer and learning-rate schedule.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub optimizer: OptimizerSpec,
     /// Training length in optimizer steps (per group). Exactly one of `steps` and `epochs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -670,7 +720,7 @@ pub struct TrainingSpec {
     #[schemars(range(min = 1, max = 100000))]
     pub epochs: Option<u32>,
     /// Elastic-averaging parameters, used by `easgd`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub easgd: EasgdSpec,
     /// Bounded staleness (SSP) across groups for `ps-async` and `hybrid`: a group more than this
     /// many steps ahead of the slowest waits. 0 means synchronous across groups.
@@ -898,6 +948,9 @@ pub struct ParameterServerSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.minGroups <= self.maxGroups").message("workers.minGroups must not exceed workers.maxGroups"))]
 #[x_kube(validation = Rule::new("self.minGroups <= self.groups && self.groups <= self.maxGroups").message("workers.groups must lie within [workers.minGroups, workers.maxGroups]; raise maxGroups or lower groups"))]
+#[x_kube(validation = Rule::new("!has(self.fusionBytes) || !has(self.command)").message("workers.fusionBytes sizes the built-in trainer's fused gradient buffers, and workers.command runs your own code: remove workers.fusionBytes"))]
+#[x_kube(validation = Rule::new("!has(self.command) || self.backend != 'mpi'").message("workers.command with workers.backend mpi (a launcher running mpirun <your command>) is not supported yet: set workers.backend to tcp, which starts your command once per rank with torchrun's variables"))]
+#[x_kube(validation = Rule::new("!(has(self.image) || has(self.args) || has(self.env)) || has(self.command)").message("workers.image, workers.args and workers.env go with workers.command: set the command that starts your training code (e.g. [python3, train.py]), or remove them"))]
 #[x_kube(validation = Rule::new("self.maxGroups * self.groupSize <= 4096").message("workers.maxGroups × workers.groupSize is the most worker pods the job may run and must not exceed 4096; lower workers.maxGroups (and workers.groups) or workers.groupSize"))]
 pub struct WorkerSpec {
     /// Number of groups (PS clients); the scale subresource sets this.
@@ -921,7 +974,8 @@ pub struct WorkerSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("workers.backend cannot change on a running job; delete and recreate it"))]
     pub backend: Backend,
     /// Tensor-fusion threshold in bytes: gradients are reduced in fused buffers up to this size.
-    #[serde(default = "default_fusion")]
+    #[serde(default = "default_fusion", skip_serializing_if = "is_default_fusion")]
+    #[schemars(extend("default" = 67108864))]
     pub fusion_bytes: u64,
     /// Compute resources of each worker container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -930,6 +984,45 @@ pub struct WorkerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown")]
     pub template: Option<PodTemplateSpec>,
+    /// Your own training code: the command each worker rank runs instead of Tandem's built-in
+    /// trainer (`tandem worker`), e.g. `[python3, train.py]`. Each group is then one
+    /// torch.distributed world: every rank gets torchrun's variables (`RANK`, `WORLD_SIZE`,
+    /// `MASTER_ADDR`, …) and Tandem's (`TANDEM_CHECKPOINT_DIR`, `TANDEM_PROGRESS_FILE`, …), so an
+    /// unchanged DDP script with `init_process_group("gloo")` runs. The fields only the built-in
+    /// trainer reads (`model`, `data`, `training.optimizer`, …) must then be left out.
+    /// Parameter servers, if any, still run `tandem ps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    #[x_kube(validation = Rule::new("self.all(a, size(a) <= 4096) && size(self[0]) > 0").message("workers.command needs a program to run, e.g. [python3, train.py], each part at most 4096 characters"))]
+    pub command: Option<Vec<String>>,
+    /// Arguments added after `workers.command` (as a container's `args`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self.all(a, size(a) <= 4096)").message("workers.args must each be at most 4096 characters"))]
+    pub args: Option<Vec<String>>,
+    /// Container image of the worker pods that run `workers.command` (default: `spec.image`);
+    /// parameter servers keep `spec.image`. The local runner runs the command on this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub image: Option<String>,
+    /// Environment variables of every worker rank running `workers.command`, beside the launch
+    /// contract's, which they may not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub env: Option<Vec<EnvVar>>,
+}
+
+/// An environment variable of a user's worker process.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct EnvVar {
+    /// Its name.
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new(USER_ENV_RULE).message(USER_ENV_MESSAGE))]
+    pub name: String,
+    /// Its value (empty when left out).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 32768))]
+    pub value: String,
 }
 
 impl Default for WorkerSpec {
@@ -943,6 +1036,10 @@ impl Default for WorkerSpec {
             fusion_bytes: default_fusion(),
             resources: None,
             template: None,
+            command: None,
+            args: None,
+            image: None,
+            env: None,
         }
     }
 }
@@ -955,6 +1052,9 @@ fn default_max_groups() -> u32 {
 }
 fn default_fusion() -> u64 {
     64 << 20
+}
+fn is_default_fusion(v: &u64) -> bool {
+    *v == default_fusion()
 }
 
 /// A pod template is passed through to the API server's own validation when pods are created;

@@ -97,3 +97,17 @@ fn algorithm_examples_compare_the_same_four_workers_and_data() {
     algorithms.dedup();
     assert_eq!(algorithms.len(), names.len(), "one manifest per algorithm");
 }
+
+#[test]
+fn the_pytorch_example_runs_its_script_beside_it_as_two_groups_of_two() {
+    let path = common::workspace().join("examples/pytorch/job.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let job = tandem_api::manifest::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // The decoded spec, written back with its defaults, passes the rules about workers.command as
+    // the operator checks it: no default reads as a field the user set.
+    job.spec.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(job.spec.workers.command.as_deref(), Some(&["python3".to_owned(), "train.py".to_owned()][..]));
+    assert_eq!((job.spec.workers.groups, job.spec.workers.group_size), (2, 2));
+    assert_eq!(job.spec.parameter_servers.replicas, 0);
+    assert!(common::workspace().join("examples/pytorch/train.py").exists());
+}
