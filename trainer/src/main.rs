@@ -31,6 +31,9 @@ enum Command {
     Ps(cli::ps::Args),
     /// One worker rank of a parameter-server job (started by the operator or `tandem train`).
     Worker(cli::worker::Args),
+    /// Serve the progress of a group that runs the user's own command (beside its rank 0, started by
+    /// the operator).
+    Progress(cli::progress::Args),
     /// Start one `backend: mpi` worker group under mpirun (started by the operator or `tandem train`).
     Launcher(cli::launcher::Args),
     /// One rank of a collective self-test, soak or benchmark (started by `bench` and by tests).
@@ -48,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ps(args) => cli::ps::run(args),
         Command::Worker(args) => cli::worker::run(args),
         Command::Launcher(args) => cli::launcher::run(args),
+        Command::Progress(args) => cli::progress::run(args),
         Command::CommRank(args) => cli::bench::run_rank(args),
     };
     if let Err(e) = &result {

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod data;
 pub mod launcher;
 pub mod plan;
+pub mod progress;
 pub mod ps;
 pub mod report;
 pub mod train;

@@ -125,7 +125,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// hold of this shard's range with its gradient, mean and optimizer state.
 fn max_total_len(spec: &tandem_api::TrainingJobSpec, replicas: u32) -> u64 {
     use tandem_api::plan::memory::{MemoryEstimate, builtin_data};
-    if let Some(shape) = builtin_data(spec) {
+    // A user's command trains its own model, whose size the spec does not tell.
+    if let Some(shape) = builtin_data(spec).filter(|_| spec.workers.command.is_none()) {
         return MemoryEstimate::of(spec, shape).parameters;
     }
     let available = tandem::util::proc::available_memory().unwrap_or(u64::MAX);
@@ -133,7 +134,7 @@ fn max_total_len(spec: &tandem_api::TrainingJobSpec, replicas: u32) -> u64 {
     (available / (5 * 4)).saturating_mul(u64::from(replicas.max(1)))
 }
 
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -76,7 +76,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a valid TrainingJob manifest", args.file.display()))?;
     let spec = &job.spec;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".to_owned());
-    check_memory(spec).with_context(|| format!("{} is too large for this machine", args.file.display()))?;
+    if spec.workers.command.is_none() {
+        check_memory(spec)
+            .with_context(|| format!("{} is too large for this machine", args.file.display()))?;
+    }
     if tandem::runner::needs_runner(spec) {
         return run_local(&args, &name, spec);
     }
@@ -130,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cadence = Cadence::of(spec, Some(ckpt_dir));
     let summary = trainer.run(&mut update, &cadence, &mut |r| display.show(&merged.report(0, r)))?;
     display.show(&Event::Finished {
-        test_accuracy: summary.evaluation.accuracy,
+        test_accuracy: Some(summary.evaluation.accuracy),
         test_loss: Some(summary.evaluation.loss),
         steps: summary.steps,
         samples_per_second: summary.samples_per_second,
@@ -181,11 +184,17 @@ fn run_local(args: &Args, name: &str, spec: &tandem_api::TrainingJobSpec) -> any
         chaos: args.chaos.clone(),
         resume: args.resume,
         placement: tandem::runner::nodes::Placement::new(args.nodes.clone()),
+        // A relative path in workers.command names a file beside the manifest.
+        workdir: absolute(
+            args.file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")),
+        ),
+    };
+    let what = match &spec.workers.command {
+        Some(command) => format!("`{}`", command.join(" ")),
+        None => format!("{} on {:?}", model_label(spec), spec.data.source),
     };
     let title = format!(
-        "{name}: {} on {:?}, {:?}, {} group(s) of {}, {} PS",
-        model_label(spec),
-        spec.data.source,
+        "{name}: {what}, {:?}, {} group(s) of {}, {} PS",
         spec.training.algorithm,
         spec.workers.groups,
         spec.workers.group_size,

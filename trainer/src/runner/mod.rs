@@ -26,6 +26,11 @@
 //! checkpoints is refused ([`check_output`]) rather than cleared or mixed into: nothing of the
 //! earlier run is lost, and no checkpoint of one run is pruned for, or resumed by, another.
 //!
+//! A job with `workers.command` runs the user's command as each rank instead of `tandem worker`
+//! ([`user`]): the same supervisor, restarts and stall detection, with the group's progress read
+//! from the JSON lines its rank 0 appends to `TANDEM_PROGRESS_FILE`, and the final accuracy the
+//! groups last reported there (no final evaluation: the runner does not know the user's model).
+//!
 //! Caveats: free ports are found by binding port 0 and releasing it, so another program could
 //! take one in between.
 
@@ -33,11 +38,13 @@ pub mod chaos;
 pub mod nodes;
 pub mod progress;
 pub mod state;
+pub mod user;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -81,6 +88,8 @@ pub struct Options {
     pub resume: bool,
     /// The nodes (network namespaces) the processes run on; empty: all on loopback.
     pub placement: Placement,
+    /// The folder a user's `workers.command` runs in (the manifest's folder).
+    pub workdir: PathBuf,
 }
 
 /// What the runner reports while it runs; `--output json` prints each as one line.
@@ -148,8 +157,10 @@ pub enum Event {
     Chaos {
         /// The process, e.g. `worker 0/1`.
         target: String,
-        /// Merged step when it was killed.
+        /// Merged step when it was signalled.
         step: u64,
+        /// `kill` (SIGKILL) or `term` (SIGTERM).
+        action: &'static str,
     },
     /// A unit is restarted.
     Restart {
@@ -162,10 +173,12 @@ pub enum Event {
         /// Why.
         message: String,
     },
-    /// Training finished; the PS weights were evaluated on the test set.
+    /// Training finished; the PS weights were evaluated on the test set (with `workers.command`:
+    /// the groups' last reported accuracies, averaged).
     Finished {
-        /// Test accuracy of the final model.
-        test_accuracy: f64,
+        /// Test accuracy of the final model; absent when a user's command reported none.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        test_accuracy: Option<f64>,
         /// Test loss of the final model (absent without a PS).
         test_loss: Option<f64>,
         /// Steps each group ran.
@@ -209,9 +222,12 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunnerError {
     move |source| RunnerError::Io { what, source }
 }
 
-/// Whether `spec` needs more than one process (any PS, or more than one worker rank).
+/// Whether `spec` needs more than one process (any PS, or more than one worker rank), or runs a
+/// user's command (always a process of its own).
 pub fn needs_runner(spec: &TrainingJobSpec) -> bool {
-    spec.parameter_servers.replicas > 0 || spec.workers.groups * spec.workers.group_size > 1
+    spec.parameter_servers.replicas > 0
+        || spec.workers.groups * spec.workers.group_size > 1
+        || spec.workers.command.is_some()
 }
 
 /// One child process of the job.
@@ -219,6 +235,14 @@ struct Proc {
     role: Role,
     child: Child,
     exit: Option<Exit>,
+    /// Set once it ended or was killed: its progress file's reader then stops.
+    ended: Arc<AtomicBool>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Proc {
@@ -251,8 +275,9 @@ impl Procs<'_> {
     ) -> Result<Option<Outcome>, RunnerError> {
         match command {
             state::Command::Spawn { id, role, attempt } => {
-                let (child, log) = self.spawner.spawn(id, role, attempt)?;
-                self.live.insert(id, Proc { role, child, exit: None });
+                let ended = Arc::new(AtomicBool::new(false));
+                let (child, log) = self.spawner.spawn(id, role, attempt, &ended)?;
+                self.live.insert(id, Proc { role, child, exit: None, ended });
                 self.logs.insert(id, log);
             }
             state::Command::Kill { id } => {
@@ -261,12 +286,13 @@ impl Procs<'_> {
                     let _ = p.child.wait();
                 }
             }
-            state::Command::Chaos { id } => {
+            state::Command::Chaos { id, signal } => {
                 if let Some(p) = self.live.get(&id).filter(|p| p.exit.is_none()) {
                     let pid = p.child.id() as libc::pid_t;
-                    let target = if matches!(p.role, Role::Launcher { .. }) { -pid } else { pid };
+                    let group = matches!(p.role, Role::Launcher { .. }) && signal == libc::SIGKILL;
+                    let target = if group { -pid } else { pid };
                     // SAFETY: kill(2) touches no memory. An mpirun launcher is killed with its ranks.
-                    unsafe { libc::kill(target, libc::SIGKILL) };
+                    unsafe { libc::kill(target, signal) };
                 }
             }
             state::Command::Emit(event) => on_event(&event),
@@ -282,6 +308,7 @@ impl Procs<'_> {
             if let Some(status) = p.child.try_wait().map_err(io(format!("waiting for {}", p.role)))? {
                 let exit = Exit::from_status(status);
                 p.exit = Some(exit);
+                p.ended.store(true, Ordering::SeqCst);
                 exits.push(Input::Exited { id, exit });
             }
         }
@@ -365,6 +392,26 @@ pub fn earlier_checkpoints(output: &Path) -> Result<Vec<PathBuf>, RunnerError> {
         .map_err(|e| RunnerError::Config(e.to_string()))?
         .into_iter()
         .collect();
+    // A user's command keeps its checkpoints, in its own format, in one folder per group.
+    if let Ok(entries) = std::fs::read_dir(&worker) {
+        let mut groups: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("group-"))
+            })
+            .collect();
+        groups.sort();
+        for dir in groups {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map_err(listing(&dir))?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .collect();
+            files.sort();
+            found.extend(files);
+        }
+    }
     let entries = match std::fs::read_dir(output) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
@@ -443,10 +490,11 @@ fn log_tail(path: &Path) -> String {
 /// Starts the job's processes through the launch contract.
 struct Spawner<'a> {
     opts: &'a Options,
+    config: JobConfig,
     config_path: PathBuf,
     token_path: PathBuf,
     logs: PathBuf,
-    lines: mpsc::Sender<(ProcId, String)>,
+    lines: mpsc::Sender<(ProcId, progress::Line)>,
 }
 
 impl Spawner<'_> {
@@ -469,9 +517,55 @@ impl Spawner<'_> {
         (cpus / ranks).max(1)
     }
 
-    /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`.
-    fn spawn(&self, id: ProcId, role: Role, attempt: u32) -> Result<(Child, PathBuf), RunnerError> {
+    /// Starts rank `role` of a user's command; returns it and its log. Rank 0 starts the reader
+    /// of its group's progress file, which stops once `ended` is set.
+    fn spawn_user(
+        &self,
+        id: ProcId,
+        role: Role,
+        attempt: u32,
+        ended: &Arc<AtomicBool>,
+    ) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
+        let Role::Worker { group, rank } = role else {
+            return Err(RunnerError::Config(format!("{role} does not run a user's command")));
+        };
+        let launch = self.env(role, attempt);
+        let files = user::files(&opts.output, group, attempt, &opts.data_dir);
+        if rank == 0 {
+            user::reset_progress(&files.progress_file)?;
+        }
+        let mut cmd =
+            user::command(&opts.spec, &self.config, &launch, &files, &opts.workdir, self.threads_per_rank())?;
+        let log = self.logs.join(format!("worker-{group}-{rank}.{attempt}.log"));
+        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
+        use std::os::unix::process::CommandExt;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        die_with_parent(&mut cmd, libc::SIGKILL);
+        let program = opts.spec.workers.command.as_ref().and_then(|c| c.first()).cloned().unwrap_or_default();
+        let child = cmd.spawn().map_err(io(format!(
+            "starting {role}: workers.command {program:?} in {}; is it installed, on PATH and executable?",
+            opts.workdir.display()
+        )))?;
+        if rank == 0 {
+            user::tail_progress(files.progress_file, group, id, ended.clone(), self.lines.clone());
+        }
+        Ok((child, log))
+    }
+
+    /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`.
+    fn spawn(
+        &self,
+        id: ProcId,
+        role: Role,
+        attempt: u32,
+        ended: &Arc<AtomicBool>,
+    ) -> Result<(Child, PathBuf), RunnerError> {
+        let opts = self.opts;
+        if opts.spec.workers.command.is_some() && matches!(role, Role::Worker { .. }) {
+            return self.spawn_user(id, role, attempt, ended);
+        }
         // On a node, the process runs inside its network namespace.
         let node = opts.placement.node(&opts.spec, role);
         let mut cmd = match node {
@@ -530,6 +624,7 @@ impl Spawner<'_> {
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines() {
                     let Ok(line) = line else { break };
+                    let Some(line) = progress::parse(&line) else { continue };
                     if tx.send((id, line)).is_err() {
                         break;
                     }
@@ -556,14 +651,24 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
     check_chaos(&opts.spec, &opts.chaos)?;
     opts.placement.check(&opts.spec)?;
     check_output(&opts.output, opts.resume)?;
+    user::check(&opts.spec, opts.placement.is_local())?;
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
     let started = Instant::now();
-    let mut eval = final_model(opts)?;
+    // A user's command trains a model the runner does not know: no final evaluation.
+    let mut eval = match opts.spec.workers.command {
+        None => Some(final_model(opts)?),
+        Some(_) => None,
+    };
+    let total_steps = match &eval {
+        Some(eval) => eval.total_steps(),
+        None => opts.spec.training.steps.unwrap_or(0),
+    };
     let files = JobFiles::write(opts)?;
     let (lines, rx) = mpsc::channel();
     let spawner = Spawner {
         opts,
+        config: files.config.clone(),
         config_path: files.config_path.clone(),
         token_path: files.token_path.clone(),
         logs: files.logs.clone(),
@@ -579,7 +684,7 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
     on_event(&Event::Started {
         job: opts.job_name.clone(),
         processes,
-        total_steps: eval.total_steps(),
+        total_steps,
         output: opts.output.display().to_string(),
     });
     match supervise(&mut sup, &mut procs, &rx, on_event)? {
@@ -593,13 +698,19 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
             Err(RunnerError::Failed(format!("{message}\n{tails}")))
         }
         Outcome::Trained { steps, accuracy, samples, restarts } => {
-            let (test_accuracy, test_loss) = evaluate(&files, &mut eval, accuracy)?;
+            let (test_accuracy, test_loss) = match eval.as_mut() {
+                Some(eval) => {
+                    let (accuracy, loss) = evaluate(&files, eval, accuracy)?;
+                    (Some(accuracy), loss)
+                }
+                None => (accuracy, None),
+            };
             procs.stop_all();
             let wall_seconds = started.elapsed().as_secs_f64();
             on_event(&Event::Finished {
                 test_accuracy,
                 test_loss,
-                steps: if steps > 0 { steps } else { eval.total_steps() },
+                steps: if steps > 0 { steps } else { total_steps },
                 samples_per_second: samples as f64 / wall_seconds.max(1e-9),
                 wall_seconds,
                 restarts,
@@ -614,7 +725,7 @@ pub fn run(opts: &Options, on_event: &mut dyn FnMut(&Event)) -> Result<(), Runne
 fn supervise(
     sup: &mut Supervisor,
     procs: &mut Procs<'_>,
-    lines: &mpsc::Receiver<(ProcId, String)>,
+    lines: &mpsc::Receiver<(ProcId, progress::Line)>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Outcome, RunnerError> {
     loop {
@@ -624,9 +735,7 @@ fn supervise(
         }
         if let Ok(first) = lines.recv_timeout(Duration::from_millis(100)) {
             let batch = std::iter::once(first).chain(lines.try_iter());
-            inputs.extend(
-                batch.filter_map(|(id, text)| Some(Input::Line { id, line: progress::parse(&text)? })),
-            );
+            inputs.extend(batch.map(|(id, line)| Input::Line { id, line }));
         }
         inputs.extend(procs.exits()?);
         inputs.push(Input::Tick);

@@ -82,6 +82,7 @@ pub fn parse(line: &str) -> Option<Line> {
 struct GroupProgress {
     step: u64,
     loss: Option<f64>,
+    accuracy: Option<f64>,
     samples: u64,
     earlier_samples: u64,
     data_wait: f64,
@@ -114,6 +115,7 @@ impl Merged {
         }
         g.samples = samples;
         if accuracy.is_some() {
+            g.accuracy = accuracy;
             self.accuracy = accuracy;
         }
         self.step = self.step.max(step);
@@ -163,6 +165,12 @@ impl Merged {
     /// The latest test accuracy any group reported.
     pub fn accuracy(&self) -> Option<f64> {
         self.accuracy
+    }
+
+    /// Mean of every group's latest test accuracy, over the groups that reported one.
+    pub fn groups_accuracy(&self) -> Option<f64> {
+        let all: Vec<f64> = self.groups.values().filter_map(|g| g.accuracy).collect();
+        (!all.is_empty()).then(|| all.iter().sum::<f64>() / all.len() as f64)
     }
 
     /// Mean over the groups of the fraction of step time they last reported waiting for data.

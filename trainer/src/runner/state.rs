@@ -89,11 +89,13 @@ pub enum Command {
         /// The process.
         id: ProcId,
     },
-    /// `--chaos`: kill process `id` (an mpirun launcher with its ranks); its exit is then a
-    /// failure like any other.
+    /// `--chaos`: send `signal` to process `id` (SIGKILL to an mpirun launcher reaches its
+    /// ranks); its exit is then judged like any other.
     Chaos {
         /// The process.
         id: ProcId,
+        /// The signal.
+        signal: i32,
     },
     /// Report an event.
     Emit(Event),
@@ -311,9 +313,14 @@ impl Supervisor {
             self.spawn_unit(unit, out);
         }
         if self.units.iter().filter(|(u, _)| matches!(u, Unit::Group(_))).all(|(_, s)| s.done) {
+            // A user's command prints no `finished` line: its groups' reports tell.
+            let (steps, accuracy) = match self.spec.workers.command {
+                None => (self.steps, self.accuracy),
+                Some(_) => (self.merged.step(), self.merged.groups_accuracy()),
+            };
             out.push(Command::Finish(Outcome::Trained {
-                steps: self.steps,
-                accuracy: self.accuracy,
+                steps,
+                accuracy,
                 samples: self.merged.samples(),
                 restarts: self.restarts,
             }));
@@ -407,8 +414,12 @@ impl Supervisor {
             let live = self.procs.iter().find(|(_, p)| p.role == target && p.exit.is_none());
             if let Some((&id, _)) = live {
                 *fired = true;
-                out.push(Command::Chaos { id });
-                out.push(Command::Emit(Event::Chaos { target: c.target.to_string(), step }));
+                out.push(Command::Chaos { id, signal: c.action.signal() });
+                out.push(Command::Emit(Event::Chaos {
+                    target: c.target.to_string(),
+                    step,
+                    action: c.action.name(),
+                }));
             }
         }
     }

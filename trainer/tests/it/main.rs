@@ -47,4 +47,5 @@ mod runner_policy;
 mod runner_stall;
 mod state;
 mod stream;
+mod user_command;
 mod worker_allreduce;

@@ -4,17 +4,20 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use tandem::runner::chaos::Chaos;
+use tandem::runner::chaos::{Action, Chaos};
 use tandem::runner::progress::{self, Line, Merged};
 use tandem_api::contract::Role;
 
 #[test]
 fn chaos_specs_parse() {
     let c: Chaos = "kill:ps:1@300".parse().unwrap();
-    assert_eq!(c, Chaos { target: Role::Ps { index: 1 }, step: 300 });
+    assert_eq!(c, Chaos { target: Role::Ps { index: 1 }, step: 300, action: Action::Kill });
     let c: Chaos = "kill:worker:0:1@150".parse().unwrap();
-    assert_eq!(c, Chaos { target: Role::Worker { group: 0, rank: 1 }, step: 150 });
+    assert_eq!(c, Chaos { target: Role::Worker { group: 0, rank: 1 }, step: 150, action: Action::Kill });
     assert_eq!(c.to_string(), "kill:worker:0:1@150");
+    let c: Chaos = "term:worker:1:0@40".parse().unwrap();
+    assert_eq!(c, Chaos { target: Role::Worker { group: 1, rank: 0 }, step: 40, action: Action::Term });
+    assert_eq!(c.to_string(), "term:worker:1:0@40");
 }
 
 #[test]
@@ -25,7 +28,7 @@ fn bad_chaos_specs_say_what_is_wrong_and_show_the_forms() {
         ("kill:worker:1@10", "group and rank"),
         ("kill:ps:x@10", "PS index \"x\""),
         ("kill:launcher:0@10", "ps or worker"),
-        ("stop:ps:0@10", "only action is kill"),
+        ("stop:ps:0@10", "the action must be kill or term"),
     ] {
         let err = spec.parse::<Chaos>().unwrap_err().to_string();
         assert!(err.contains(says), "{spec}: {err}");

@@ -127,7 +127,10 @@ impl Display {
                 "parameter server {ps}: status on http://{addr}{} (Tandem-HMAC proof of the job token, see tandem_api::contract::status_auth)",
                 tandem_api::contract::STATUS_PATH
             )),
-            Event::Chaos { target, step } => self.note(&format!("chaos: killed {target} at step {step}")),
+            Event::Chaos { target, step, action } => {
+                let did = if *action == "term" { "sent SIGTERM to" } else { "killed" };
+                self.note(&format!("chaos: {did} {target} at step {step}"))
+            }
             Event::Restart { message, .. } => self.note(message),
             Event::Stalled { message, .. } => self.note(&format!("stalled: {message}")),
             Event::Unstalled { step } => self.note(&format!("no longer stalled: the step advanced to {step}")),
@@ -143,8 +146,12 @@ impl Display {
                     bar.finish_and_clear();
                 }
                 let loss = test_loss.map(|l| format!(", test loss {l:.4}")).unwrap_or_default();
+                let accuracy = match test_accuracy {
+                    Some(a) => format!("test accuracy {a:.4}"),
+                    None => "no test accuracy reported".to_owned(),
+                };
                 println!(
-                    "{}: test accuracy {test_accuracy:.4}{loss} after {steps} steps; \
+                    "{}: {accuracy}{loss} after {steps} steps; \
                      {samples_per_second:.0} samples/s, {wall_seconds:.1} s, {restarts} restart(s)",
                     self.name
                 );
@@ -159,7 +166,7 @@ impl Display {
                 self.curve.record_merged(step, loss, accuracy, None)
             }
             Event::Finished { test_accuracy, test_loss, steps, .. } => {
-                self.curve.record_merged(steps, None, Some(test_accuracy), test_loss);
+                self.curve.record_merged(steps, None, test_accuracy, test_loss);
                 match self.curve.write(&self.output, &self.title) {
                     Ok(path) => self.show_curve(&path),
                     Err(e) => {
@@ -264,7 +271,7 @@ mod tests {
         assert_eq!(measured, [(50, 0.8), (100, 0.9)]);
         assert_eq!(display.curve.train.len(), 10, "one training point per step");
         let done = Event::Finished {
-            test_accuracy: 0.61,
+            test_accuracy: Some(0.61),
             test_loss: Some(0.9),
             steps: 100,
             samples_per_second: 1.0,

@@ -115,6 +115,19 @@ pub struct StatusDocument {
     pub epochs: Vec<u32>,
 }
 
+/// What the endpoint serves: a JSON document for `/status` that is also readable as Prometheus
+/// text for `/metrics`. The PS serves its [`StatusDocument`]; `tandem progress` a user group's.
+pub trait Document: Serialize + Send + 'static {
+    /// The document in Prometheus text format.
+    fn metrics(&self) -> String;
+}
+
+impl Document for StatusDocument {
+    fn metrics(&self) -> String {
+        StatusDocument::metrics(self)
+    }
+}
+
 impl StatusDocument {
     /// The document for `status`, with the job's throughput over all groups (samples per second).
     pub fn new(status: ShardStatus, samples_per_second: Option<f64>) -> Self {
@@ -210,11 +223,11 @@ impl StatusDocument {
     }
 }
 
-/// How the endpoint asks the shard's owner for a document.
-pub type Query = mpsc::Sender<oneshot::Sender<StatusDocument>>;
+/// How the endpoint asks the document's owner (the shard) for a document.
+pub type Query<D = StatusDocument> = mpsc::Sender<oneshot::Sender<D>>;
 
 /// Serves `listener` until the task is dropped or aborted; `/healthz` reports `health`.
-pub async fn serve(listener: StatusListener, token: Arc<str>, query: Query, health: Health) {
+pub async fn serve<D: Document>(listener: StatusListener, token: Arc<str>, query: Query<D>, health: Health) {
     let admission = Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
     let seen = Arc::new(Mutex::new(Nonces::default()));
     loop {
@@ -249,9 +262,9 @@ pub async fn serve(listener: StatusListener, token: Arc<str>, query: Query, heal
 }
 
 /// What every request of the endpoint shares.
-struct Endpoint {
+struct Endpoint<D> {
     token: Arc<str>,
-    query: Query,
+    query: Query<D>,
     health: Health,
     seen: Arc<Mutex<Nonces>>,
 }
@@ -344,10 +357,10 @@ enum HeadError {
     Closed,
 }
 
-async fn answer(
+async fn answer<D: Document>(
     mut stream: TcpStream,
     head: Result<Result<Vec<u8>, HeadError>, tokio::time::error::Elapsed>,
-    cx: &Endpoint,
+    cx: &Endpoint<D>,
 ) -> std::io::Result<()> {
     let head = match head {
         Ok(Ok(head)) => head,
@@ -390,7 +403,7 @@ async fn answer(
         Err(_) => None,
     };
     let Some(document) = document else {
-        return respond(&mut stream, 503, "text/plain", "the shard is busy or stopping; retry\n").await;
+        return respond(&mut stream, 503, "text/plain", "the server is busy or stopping; retry\n").await;
     };
     match route {
         Route::Metrics => {

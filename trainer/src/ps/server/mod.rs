@@ -734,7 +734,8 @@ mod tests {
         let addr = status.local_addr().unwrap();
         let health = Health::default();
         let (query, _queries) = mpsc::channel(1);
-        let serve = tokio::spawn(http::serve(status, "t".into(), query, health.clone()));
+        let serve =
+            tokio::spawn(http::serve::<http::StatusDocument>(status, "t".into(), query, health.clone()));
         assert!(get(addr, "/healthz").await.ends_with("\r\n\r\nok\n"));
         health.fail("the shard task failed: it panicked".into());
         let answer = get(addr, "/healthz").await;

@@ -299,8 +299,8 @@ fn chaos_kills_its_target_once_when_the_merged_step_reaches_it() {
     assert_eq!(
         fired,
         [
-            Command::Chaos { id: G0R1 },
-            Command::Emit(Event::Chaos { target: "worker 0/1".to_owned(), step: 100 })
+            Command::Chaos { id: G0R1, signal: libc::SIGKILL },
+            Command::Emit(Event::Chaos { target: "worker 0/1".to_owned(), step: 100, action: "kill" })
         ]
     );
     assert!(run.tick(0.2).is_empty(), "once");
@@ -311,7 +311,7 @@ fn chaos_kills_its_target_once_when_the_merged_step_reaches_it() {
 
     // With mpi a worker is reached through its group's launcher.
     let (mut run, _) = Run::new(spec(|s| s.workers.backend = Backend::Mpi), &["kill:worker:1:0@0"]);
-    assert_eq!(run.tick(0.0)[0], Command::Chaos { id: 3 });
+    assert_eq!(run.tick(0.0)[0], Command::Chaos { id: 3, signal: libc::SIGKILL });
 }
 
 #[test]

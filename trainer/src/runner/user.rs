@@ -1,0 +1,196 @@
+//! A user's own worker processes (`spec.workers.command`) under the local runner: each rank is
+//! the user's command, started with the launch contract for user processes
+//! ([`tandem_api::contract::user`]), and its group's progress comes from the JSON lines the
+//! process appends to `TANDEM_PROGRESS_FILE`.
+//!
+//! Expected flow: [`check`] refuses what the runner cannot run; [`command`] builds a rank's
+//! process; [`tail_progress`] follows the progress file of a group's attempt, from its rank 0's
+//! start until that process ended, and hands every line to the supervisor as the group's
+//! progress, as `tandem worker`'s stdout lines are.
+//!
+//! Guarantees: every rank of a group runs on this host (`LOCAL_RANK` is the rank); the command
+//! runs in the manifest's folder, so a relative script path names the file beside the manifest;
+//! the rank's stdout and stderr both go to its log; a new attempt starts with an empty progress
+//! file, so no line of an earlier attempt or run is read as this one's.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tandem_api::TrainingJobSpec;
+use tandem_api::contract::user::{self, Hosting, UserFiles, UserProgress};
+use tandem_api::contract::{JobConfig, LaunchEnv};
+
+use super::progress::Line;
+use super::state::ProcId;
+use super::{RunnerError, io};
+
+/// How often a progress file is read for new lines.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Refuses a user-command job the local runner cannot run, saying what to change; `local` is
+/// whether every process stays on this machine's loopback (no `--node`).
+pub fn check(spec: &TrainingJobSpec, local: bool) -> Result<(), RunnerError> {
+    if spec.workers.command.is_some() && !local {
+        return Err(RunnerError::Config(
+            "--node places `tandem` processes in network namespaces; a job with workers.command runs its ranks \
+             on this machine's loopback: leave out --node"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The files of rank `launch`'s group in its attempt, under the job's output folder.
+pub fn files(output: &Path, group: u32, attempt: u32, data_dir: &Path) -> UserFiles {
+    UserFiles {
+        checkpoint_dir: user::checkpoint_dir(output, group),
+        progress_file: user::progress_file(output, group, attempt),
+        data_dir: Some(data_dir.to_path_buf()),
+    }
+}
+
+/// The process of one rank: the user's command and args, in `workdir`, with the contract's
+/// variables, the job's `workers.env`, and `threads` compute threads unless the environment says.
+pub fn command(
+    spec: &TrainingJobSpec,
+    config: &JobConfig,
+    launch: &LaunchEnv,
+    files: &UserFiles,
+    workdir: &Path,
+    threads: usize,
+) -> Result<Command, RunnerError> {
+    let Some((program, rest)) = spec.workers.command.as_deref().and_then(<[String]>::split_first) else {
+        return Err(RunnerError::Config("workers.command is empty: name the program to run".into()));
+    };
+    let vars = user::user_env(config, launch, Hosting::OneHost, files)
+        .map_err(|e| RunnerError::Config(e.to_string()))?;
+    for dir in [&files.checkpoint_dir, &parent(&files.progress_file)] {
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(rest).args(spec.workers.args.iter().flatten()).current_dir(workdir);
+    // Every rank shares this machine's cores: PyTorch and OpenMP size their pools to all of them.
+    for key in ["OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
+        if std::env::var_os(key).is_none() {
+            cmd.env(key, threads.to_string());
+        }
+    }
+    cmd.envs(spec.workers.env.iter().flatten().map(|e| (&e.name, &e.value)));
+    cmd.envs(vars);
+    Ok(cmd)
+}
+
+fn parent(path: &Path) -> PathBuf {
+    path.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Empties `path`, the progress file of an attempt about to start.
+pub fn reset_progress(path: &Path) -> Result<(), RunnerError> {
+    std::fs::create_dir_all(parent(path)).map_err(io(format!("creating {}", parent(path).display())))?;
+    std::fs::File::create(path).map_err(io(format!("creating {}", path.display())))?;
+    Ok(())
+}
+
+/// Follows `path` on a thread of its own, sending each complete progress line as `group`'s
+/// progress from process `id`, until `ended` is set (then it reads what is left and stops) or the
+/// receiver is gone.
+pub fn tail_progress(
+    path: PathBuf,
+    group: u32,
+    id: ProcId,
+    ended: Arc<AtomicBool>,
+    lines: mpsc::Sender<(ProcId, Line)>,
+) {
+    std::thread::spawn(move || {
+        let mut offset = 0u64;
+        let mut pending = Vec::new();
+        loop {
+            // Read after looking at the flag: once it is set, this read sees every line written.
+            let last = ended.load(Ordering::SeqCst);
+            if let Ok(mut file) = std::fs::File::open(&path)
+                && file.seek(SeekFrom::Start(offset)).is_ok()
+                && let Ok(n) = file.read_to_end(&mut pending)
+            {
+                offset += n as u64;
+            }
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let text = String::from_utf8_lossy(&pending[..end]).into_owned();
+                pending.drain(..=end);
+                if let Some(line) = to_line(group, &text)
+                    && lines.send((id, line)).is_err()
+                {
+                    return;
+                }
+            }
+            if last {
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
+    });
+}
+
+/// A progress line of the user's process as the supervisor's [`Line::Progress`] of `group`.
+pub fn to_line(group: u32, text: &str) -> Option<Line> {
+    let p = UserProgress::parse(text)?;
+    Some(Line::Progress {
+        group,
+        step: p.step,
+        loss: p.loss,
+        accuracy: p.accuracy,
+        samples: p.samples.unwrap_or(0),
+        data_wait: 0.0,
+        skipped: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_become_the_groups_progress() {
+        assert_eq!(
+            to_line(1, r#"{"step":40,"loss":0.5,"accuracy":0.8,"samples":2560}"#),
+            Some(Line::Progress {
+                group: 1,
+                step: 40,
+                loss: Some(0.5),
+                accuracy: Some(0.8),
+                samples: 2560,
+                data_wait: 0.0,
+                skipped: 0
+            })
+        );
+        assert_eq!(to_line(0, "epoch 3 done"), None);
+    }
+
+    #[test]
+    fn a_followed_file_yields_complete_lines_until_its_process_ended() {
+        let dir = std::env::temp_dir().join(format!("tandem-tail-{}", std::process::id()));
+        let path = dir.join("group-0.0.jsonl");
+        reset_progress(&path).unwrap();
+        let ended = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        tail_progress(path.clone(), 0, 7, ended.clone(), tx);
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(b"{\"step\":1}\nnot json\n{\"step\":2,").unwrap();
+        file.flush().unwrap();
+        let (id, first) = rx.recv().unwrap();
+        assert_eq!(id, 7);
+        assert!(matches!(first, Line::Progress { step: 1, .. }), "{first:?}");
+        file.write_all(b"\"loss\":0.25}\n").unwrap();
+        ended.store(true, Ordering::SeqCst);
+        let (_, second) = rx.recv().unwrap();
+        assert!(matches!(second, Line::Progress { step: 2, loss: Some(l), .. } if l == 0.25), "{second:?}");
+        // The thread stops once the process ended and the file is read: the channel closes.
+        assert!(rx.recv().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
