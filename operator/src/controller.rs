@@ -698,17 +698,19 @@ async fn write_status(
         .map_err(|source| Error::Status { job: name.to_owned(), source })
 }
 
-/// Reads the progress of a job that was Running from its PS replica 0; anything that fails is
-/// logged at debug and gives `None` (the last progress stays in the status).
+/// Reads the progress of a job that was Running from its status endpoint
+/// ([`progress::status_address`]); anything that fails is logged at debug and gives `None` (the
+/// last progress stays in the status).
 async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod]) -> Option<Progress> {
     let name = job.name;
     let running = job.job.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running);
-    if !running || job.spec.parameter_servers.replicas == 0 {
+    let reports = job.spec.parameter_servers.replicas > 0 || job.spec.workers.command.is_some();
+    if !running || !reports {
         ctx.tokens.forget(job.uid);
         return None;
     }
-    let Some(addr) = progress::ps0_address(job, pods) else {
-        tracing::debug!(job = %name, "no running PS 0 with an IP yet; progress unchanged");
+    let Some(addr) = progress::status_address(job, pods) else {
+        tracing::debug!(job = %name, "no running status endpoint with an IP yet; progress unchanged");
         return None;
     };
     let token = match ctx.tokens.get(&ctx.client, job).await {

@@ -1,9 +1,10 @@
 //! Progress from the trainer: reads a running job's PS replica 0 over its HTTP status endpoint
 //! (`GET http://<pod IP>:7072/status`, answered by `tandem ps`) for `status.progress`, proving the
 //! job token with an HMAC over the request ([`tandem_api::contract::status_auth`]) instead of
-//! sending it.
+//! sending it. A job whose workers run the user's own command reports through its first group's
+//! rank 0 instead, where `tandem progress` serves the same document beside the user's process.
 //!
-//! Expected flow: for a Running job, the controller picks the PS-0 pod ([`ps0_address`]), gets the
+//! Expected flow: for a Running job, the controller picks the pod ([`status_address`]), gets the
 //! job token ([`Tokens::get`], cached per job UID), and [`fetch`]es the status with a timeout.
 //! Any failure is the caller's to log at debug: the last progress stays in place.
 //!
@@ -40,7 +41,7 @@ pub const MAX_BODY: usize = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// No connection or no HTTP answer.
-    #[error("cannot reach the PS status endpoint {addr}: {message}")]
+    #[error("cannot reach the status endpoint {addr}: {message}")]
     Unreachable {
         /// Address dialled.
         addr: SocketAddr,
@@ -48,7 +49,7 @@ pub enum FetchError {
         message: String,
     },
     /// The endpoint answered with an error code.
-    #[error("the PS status endpoint {addr} answered {code}{hint}")]
+    #[error("the status endpoint {addr} answered {code}{hint}")]
     Refused {
         /// Address dialled.
         addr: SocketAddr,
@@ -58,7 +59,7 @@ pub enum FetchError {
         hint: &'static str,
     },
     /// The body is not a status document.
-    #[error("the PS status endpoint {addr} sent a body that is not a PS status: {message}")]
+    #[error("the status endpoint {addr} sent a body that is not a status document: {message}")]
     Body {
         /// Address dialled.
         addr: SocketAddr,
@@ -66,7 +67,7 @@ pub enum FetchError {
         message: String,
     },
     /// The endpoint did not answer in time.
-    #[error("the PS status endpoint {addr} did not answer within {FETCH_TIMEOUT:?}")]
+    #[error("the status endpoint {addr} did not answer within {FETCH_TIMEOUT:?}")]
     TimedOut {
         /// Address dialled.
         addr: SocketAddr,
@@ -149,15 +150,26 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The status endpoint of the job's PS replica 0, if that pod runs and has an IP.
-pub fn ps0_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr> {
-    let name = names::pod(job.name, Role::Ps { index: 0 });
-    let pod = pods.iter().find(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())?;
-    if PodPhase::of(pod) != PodPhase::Running {
-        return None;
+/// The status endpoint that reports the job's progress, if its pod runs and has an IP: for a job
+/// running the user's command, rank 0 of its lowest group that runs (its `tandem progress`
+/// sidecar); else PS replica 0; `None` for a job with neither.
+pub fn status_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr> {
+    let running = |role: Role| {
+        let name = names::pod(job.name, role);
+        let pod = pods.iter().find(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())?;
+        if PodPhase::of(pod) != PodPhase::Running {
+            return None;
+        }
+        let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+        Some(SocketAddr::new(ip, contract::STATUS_PORT))
+    };
+    if job.spec.workers.command.is_some() {
+        (0..job.spec.workers.groups).find_map(|group| running(Role::Worker { group, rank: 0 }))
+    } else if job.spec.parameter_servers.replicas > 0 {
+        running(Role::Ps { index: 0 })
+    } else {
+        None
     }
-    let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
-    Some(SocketAddr::new(ip, contract::STATUS_PORT))
 }
 
 /// Job tokens read from the jobs' `<job>-token` Secrets, by job UID (a recreated job has a new

@@ -168,4 +168,17 @@ mod tests {
         }
         assert!(validate_name(&format!("{name}a"), MAX_GROUPS, 1).is_err());
     }
+
+    #[test]
+    fn a_users_command_is_validated_by_the_specs_rules() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/pytorch/job.yaml");
+        let mut job: TrainingJob = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        job.metadata.namespace = Some("ns".to_owned());
+        job.metadata.uid = Some("u-1".to_owned());
+        assert!(validate(&job).is_ok());
+        // A launcher running `mpirun <command>` is not built: the spec's rule says so, here too.
+        job.spec.workers.backend = tandem_api::Backend::Mpi;
+        let err = validate(&job).unwrap_err().to_string();
+        assert!(err.contains("workers.backend mpi") && err.contains("tcp"), "{err}");
+    }
 }

@@ -9,12 +9,14 @@
 //! Layout: this module holds the job-wide objects (Service, ConfigMap, token Secret, PodGroup);
 //! `pod.rs` builds a pod ([`pod()`]) from the parts its role and its worker backend add
 //! (`mpi.rs` for `backend: mpi`, with the SSH Secret and hostfiles); `network.rs` holds the
-//! interconnect presets. A new backend adds a module that returns its parts, not a branch in every
+//! interconnect presets; `user.rs` what a worker running the user's own command
+//! (`workers.command`) gets instead of `tandem worker`. A new backend adds a module that returns its parts, not a branch in every
 //! step of the pod.
 
 mod mpi;
 mod network;
 mod pod;
+mod user;
 
 use std::collections::BTreeMap;
 
@@ -37,6 +39,7 @@ pub use pod::{
     SCHEDULER_PLUGINS_GROUP_LABEL, SCHEDULER_PLUGINS_SCHEDULER, STATUS_PORT_NAME, TRAINER_FS_GROUP,
     VOLCANO_GROUP_ANNOTATION, VOLCANO_SCHEDULER, pod, restart_policy,
 };
+pub use user::PROGRESS_SIDECAR;
 
 /// Metadata of a child object `name` of `job`: its namespace, labels and owner.
 fn meta(job: &ValidatedJob<'_>, name: String, component: &str) -> ObjectMeta {

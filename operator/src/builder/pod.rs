@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tandem_api::contract::{self, env};
 use tandem_api::{Backend, LaunchEnv, PodGroupFlavor, Role};
 
-use super::{mpi, network};
+use super::{mpi, network, user};
 use crate::names;
 use crate::validate::ValidatedJob;
 
@@ -34,6 +34,8 @@ pub const TRAINER_FS_GROUP: i64 = 1000;
 pub(super) struct Parts {
     /// The container's command, unless the template sets a command or arguments.
     pub command: Option<Vec<String>>,
+    /// The container's arguments, with [`Parts::command`].
+    pub args: Option<Vec<String>>,
     pub env: Vec<EnvVar>,
     pub ports: Vec<ContainerPort>,
     /// The port of a TCP readiness probe, unless the template sets a probe.
@@ -47,7 +49,9 @@ pub(super) struct Parts {
 impl Parts {
     /// Adds `more` after these: its lists follow, its command and readiness port win.
     fn and(mut self, more: Parts) -> Self {
-        self.command = more.command.or(self.command);
+        if more.command.is_some() {
+            (self.command, self.args) = (more.command, more.args);
+        }
         self.env.extend(more.env);
         self.ports.extend(more.ports);
         self.ready_port = more.ready_port.or(self.ready_port);
@@ -62,6 +66,7 @@ impl Parts {
         let Some(container) = pod_spec.containers.get_mut(container) else { return };
         if container.command.is_none() && container.args.is_none() {
             container.command = self.command;
+            container.args = self.args;
         }
         container.env.get_or_insert_with(Vec::new).extend(self.env);
         container.ports.get_or_insert_with(Vec::new).extend(self.ports);
@@ -95,9 +100,17 @@ pub fn pod(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Pod {
         Backend::Tcp => Parts::default(),
         Backend::Mpi => mpi::parts(job, role),
     };
-    let parts = role_parts(job, role, attempt).and(backend);
+    let parts = role_parts(job, role, attempt);
+    let parts = if user::runs_user_command(job, role) {
+        user::parts(job, role, attempt, parts)
+    } else {
+        parts.and(backend)
+    };
     let container = tandem_container(&mut pod_spec, job, role);
     parts.apply(&mut pod_spec, container);
+    if let Some(sidecar) = user::progress_sidecar(job, role, attempt) {
+        pod_spec.init_containers.get_or_insert_with(Vec::new).push(sidecar);
+    }
     if let Role::Worker { .. } = role {
         network::apply(&mut pod_spec, container, &spec.network);
     }
@@ -139,7 +152,8 @@ pub fn pod(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Pod {
 
 /// The index of the container named `tandem`, else of the template's first, else of a new one; it
 /// is renamed `tandem` so that exit codes are always read from the same container. It gets the
-/// job's image unless the template names one, and the resources of its role.
+/// job's image (a user command's workers: theirs) unless the template names one, and the
+/// resources of its role.
 fn tandem_container(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) -> usize {
     let index = pod_spec.containers.iter().position(|c| c.name == names::CONTAINER).unwrap_or(0);
     if pod_spec.containers.is_empty() {
@@ -148,7 +162,8 @@ fn tandem_container(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) 
     let Some(container) = pod_spec.containers.get_mut(index) else { return index };
     container.name = names::CONTAINER.to_owned();
     if container.image.as_deref().is_none_or(str::is_empty) {
-        container.image = Some(job.spec.image.clone());
+        container.image =
+            Some(if user::runs_user_command(job, role) { user::image(job) } else { job.spec.image.clone() });
     }
     let resources = match role {
         Role::Ps { .. } => job.spec.parameter_servers.resources.clone(),
@@ -184,6 +199,7 @@ fn role_parts(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Parts {
     };
     Parts {
         command: Some(vec!["tandem".to_owned(), role.name().to_owned()]),
+        args: None,
         env: contract_env(role, attempt),
         ports,
         ready_port,
@@ -243,23 +259,11 @@ fn contract_env(role: Role, attempt: u32) -> Vec<EnvVar> {
     launch
         .to_vars()
         .into_iter()
-        .map(|(key, value)| {
-            if key == env::BIND {
-                EnvVar {
-                    name: key.to_owned(),
-                    value: None,
-                    value_from: Some(EnvVarSource {
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: "status.podIP".to_owned(),
-                            api_version: None,
-                        }),
-                        ..EnvVarSource::default()
-                    }),
-                }
-            } else {
-                plain_env(key, &value)
-            }
-        })
+        .map(
+            |(key, value)| {
+                if key == env::BIND { field_env(key, "status.podIP") } else { plain_env(key, &value) }
+            },
+        )
         .collect()
 }
 
@@ -304,6 +308,18 @@ fn job_volumes(job: &ValidatedJob<'_>) -> Vec<Volume> {
 
 pub(super) fn plain_env(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.to_owned(), value: Some(value.to_owned()), value_from: None }
+}
+
+/// A variable the kubelet fills in from the pod's field `path` (the downward API).
+pub(super) fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.to_owned(), api_version: None }),
+            ..EnvVarSource::default()
+        }),
+    }
 }
 
 pub(super) fn container_port(name: &str, port: u16) -> ContainerPort {

@@ -246,7 +246,7 @@ const CONDITIONS_READ: &[&str] = &["Ready", "PodScheduled", "DisruptionTarget"];
 /// containers, env and volumes, annotations, timestamps and images are most of a pod's size).
 ///
 /// Runs on every pod the watch delivers, before the reflector stores it. Everything that reads
-/// cached pods (the plan, [`crate::progress::ps0_address`], the lost-node check) must read only
+/// cached pods (the plan, [`crate::progress::status_address`], the lost-node check) must read only
 /// what is kept here; the plan's tests run on trimmed pods to hold that.
 pub fn keep_what_is_read(pod: &mut Pod) {
     let Pod { metadata, spec, status } = std::mem::take(pod);

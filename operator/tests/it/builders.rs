@@ -35,7 +35,7 @@ fn env_map(c: &Container) -> BTreeMap<String, String> {
 
 #[test]
 fn fixtures_pass_validation_except_the_invalid_one() {
-    for name in ["hybrid.yaml", "mpi.yaml", "efa-template.yaml"] {
+    for name in ["hybrid.yaml", "mpi.yaml", "efa-template.yaml", "user-command.yaml"] {
         validate::validate(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     let err = validate::validate(&fixture("invalid-name.yaml")).unwrap_err();
@@ -79,6 +79,62 @@ fn pods_carry_the_launch_contract_that_the_trainer_reads_back() {
         assert_eq!(pod.labels()["app.kubernetes.io/managed-by"], "tandem-operator");
         assert_eq!(c.command.as_deref(), Some(&["tandem".to_owned(), role.name().to_owned()][..]));
     }
+}
+
+#[test]
+fn a_users_command_runs_in_its_image_with_torchruns_variables_and_the_ps_stays_tandem() {
+    let job = fixture("user-command.yaml");
+    let pod = builder::pod(&valid(&job), Role::Worker { group: 1, rank: 1 }, 2);
+    let c = main_container(&pod);
+    assert_eq!(c.image.as_deref(), Some("my-pytorch:1.0"));
+    assert_eq!(c.command.as_deref(), Some(&["python3".to_owned(), "train.py".to_owned()][..]));
+    assert_eq!(c.args.as_deref(), Some(&["--lr".to_owned(), "0.1".to_owned()][..]));
+    // Only rank 0 listens (torch's store): no readiness probe that rank 1 could never pass.
+    assert!(c.readiness_probe.is_none());
+    let vars = env_map(c);
+    let master = names::pod_host("my-ddp", "research", Role::Worker { group: 1, rank: 0 });
+    for (name, value) in [
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", master.as_str()),
+        ("MASTER_PORT", &contract::WORKER_PORT.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ("TANDEM_GROUP", "1"),
+        ("TANDEM_GROUPS", "2"),
+        ("TANDEM_CHECKPOINT_DIR", "/var/lib/tandem/checkpoints/group-1"),
+        ("TANDEM_PROGRESS_FILE", "/var/lib/tandem/progress/group-1.2.jsonl"),
+        ("TANDEM_STEPS", "300"),
+        ("PYTHONUNBUFFERED", "1"),
+    ] {
+        assert_eq!(vars.get(name).map(String::as_str), Some(value), "{name}");
+    }
+    let ps = names::pod_host("my-ddp", "research", Role::Ps { index: 0 });
+    assert_eq!(vars["TANDEM_PS_ENDPOINTS"], format!("{ps}:{}", contract::PS_PORT));
+    // The same variables as the local runner's, bar the bind address the kubelet fills in.
+    let bind = c.env.iter().flatten().find(|e| e.name == env::BIND).unwrap();
+    assert_eq!(bind.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "status.podIP");
+    // Rank 1 reports nothing; rank 0 has the native sidecar that serves its group's progress file.
+    assert!(pod.spec.as_ref().unwrap().init_containers.is_none());
+    let rank0 = builder::pod(&valid(&job), Role::Worker { group: 1, rank: 0 }, 2);
+    let sidecars = rank0.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    let [sidecar] = &sidecars[..] else { panic!("one sidecar: {sidecars:?}") };
+    assert_eq!(sidecar.name, builder::PROGRESS_SIDECAR);
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(sidecar.image.as_deref(), Some("tandem-trainer:0.1"));
+    assert_eq!(sidecar.command.as_deref(), Some(&["tandem".to_owned(), "progress".to_owned()][..]));
+    let sidecar_vars = env_map(sidecar);
+    assert_eq!(sidecar_vars["TANDEM_PROGRESS_FILE"], env_map(main_container(&rank0))["TANDEM_PROGRESS_FILE"]);
+    assert!(!sidecar_vars.contains_key("PYTHONUNBUFFERED"));
+    let port = sidecar.ports.as_ref().unwrap()[0].container_port;
+    assert_eq!(port, i32::from(contract::STATUS_PORT));
+    // Its parameter server still runs `tandem ps` from the job's image, without the user's env.
+    let ps_pod = builder::pod(&valid(&job), Role::Ps { index: 0 }, 0);
+    let c = main_container(&ps_pod);
+    assert_eq!(c.image.as_deref(), Some("tandem-trainer:0.1"));
+    assert_eq!(c.command.as_deref(), Some(&["tandem".to_owned(), "ps".to_owned()][..]));
+    assert!(!env_map(c).contains_key("PYTHONUNBUFFERED") && !env_map(c).contains_key("RANK"));
 }
 
 #[test]

@@ -1,0 +1,114 @@
+//! A worker rank that runs the user's own command (`spec.workers.command`) instead of
+//! `tandem worker`: the user's image, command and arguments, and the environment of the launch
+//! contract for user processes ([`tandem_api::contract::user`]): torchrun's variables that make
+//! each group one `torch.distributed` world, Tandem's own, then the job's `workers.env`.
+//!
+//! Guarantees: the variables are those the local runner gives the same rank
+//! ([`user_env`] with [`Hosting::HostPerRank`]: one rank per pod), except the bind address,
+//! which is the pod IP; the group's checkpoint folder and the attempt's progress file lie in the
+//! output volume (an emptyDir, or the job's checkpoint claim, which is what lets a restarted group
+//! find its checkpoints). No readiness probe: only rank 0 listens, on `MASTER_PORT`.
+//!
+//! Progress: rank 0 of each group gets a native sidecar (an init container that keeps running)
+//! from the job's image, `tandem progress`, which follows the group's progress file in the
+//! shared output volume and serves it on the status port, where the operator reads
+//! `status.progress` as it does from a PS; the kubelet stops it once the user's container ended.
+
+use k8s_openapi::api::core::v1::{Container, EnvVar};
+use tandem_api::contract::user::{self, Hosting, UserFiles, user_env};
+use tandem_api::contract::{self, env};
+use tandem_api::{LaunchEnv, Role};
+
+use super::job_config;
+use super::pod::{Parts, container_port, field_env, mount, plain_env};
+use crate::names;
+use crate::validate::ValidatedJob;
+
+/// Whether the pods of `role` run the user's command: the workers of a job with
+/// `workers.command` (its parameter servers keep running `tandem ps`).
+pub(super) fn runs_user_command(job: &ValidatedJob<'_>, role: Role) -> bool {
+    matches!(role, Role::Worker { .. }) && job.spec.workers.command.is_some()
+}
+
+/// The image of a user's worker pod: `workers.image`, else the job's.
+pub(super) fn image(job: &ValidatedJob<'_>) -> String {
+    job.spec.workers.image.clone().unwrap_or_else(|| job.spec.image.clone())
+}
+
+/// Replaces `parts` (the role's) with the user's command, arguments and environment, and drops
+/// the readiness probe.
+pub(super) fn parts(job: &ValidatedJob<'_>, role: Role, attempt: u32, parts: Parts) -> Parts {
+    let workers = &job.spec.workers;
+    Parts {
+        command: workers.command.clone(),
+        args: workers.args.clone(),
+        env: environment(job, role, attempt),
+        ready_port: None,
+        ..parts
+    }
+}
+
+/// Name of the progress sidecar of a group's rank 0.
+pub const PROGRESS_SIDECAR: &str = "tandem-progress";
+
+/// The progress sidecar of `role`, if it is rank 0 of a group running the user's command.
+pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<Container> {
+    if !runs_user_command(job, role) || !matches!(role, Role::Worker { rank: 0, .. }) {
+        return None;
+    }
+    Some(Container {
+        name: PROGRESS_SIDECAR.to_owned(),
+        image: Some(job.spec.image.clone()),
+        command: Some(vec!["tandem".to_owned(), "progress".to_owned()]),
+        env: Some(contract_env(job, role, attempt)),
+        ports: Some(vec![container_port(super::STATUS_PORT_NAME, contract::STATUS_PORT)]),
+        volume_mounts: Some(vec![
+            mount("tandem-config", names::CONFIG_DIR, true),
+            mount("tandem-token", names::TOKEN_DIR, true),
+            mount("tandem-output", names::OUTPUT_DIR, false),
+        ]),
+        // A native sidecar: started before the user's container, stopped after it.
+        restart_policy: Some("Always".to_owned()),
+        ..Container::default()
+    })
+}
+
+/// The contract's variables for rank `role` at `attempt`, then `workers.env`.
+fn environment(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Vec<EnvVar> {
+    let mut out = contract_env(job, role, attempt);
+    out.extend(job.spec.workers.env.iter().flatten().map(|e| plain_env(&e.name, &e.value)));
+    out
+}
+
+/// The contract's variables for rank `role` at `attempt`.
+fn contract_env(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Vec<EnvVar> {
+    let output = std::path::Path::new(names::OUTPUT_DIR);
+    let launch = LaunchEnv {
+        role,
+        config: format!("{}/{}", names::CONFIG_DIR, contract::CONFIG_FILE).into(),
+        token_file: format!("{}/{}", names::TOKEN_DIR, contract::TOKEN_KEY).into(),
+        bind: String::new(),
+        output: output.into(),
+        attempt,
+    };
+    let group = match role {
+        Role::Worker { group, .. } => group,
+        Role::Ps { .. } | Role::Launcher { .. } => 0,
+    };
+    let files = UserFiles {
+        checkpoint_dir: user::checkpoint_dir(output, group),
+        progress_file: user::progress_file(output, group, attempt),
+        data_dir: None,
+    };
+    // Pods are built only for the roles of the spec, which the job config holds: the fallback (the
+    // contract's own variables) is never taken.
+    let vars = user_env(&job_config(job), &launch, Hosting::HostPerRank, &files)
+        .unwrap_or_else(|_| launch.to_vars());
+    vars.into_iter()
+        .map(
+            |(name, value)| {
+                if name == env::BIND { field_env(name, "status.podIP") } else { plain_env(name, &value) }
+            },
+        )
+        .collect()
+}
