@@ -6,7 +6,8 @@
 # Dockerfiles unchanged (`docker build` builds the same files from source).
 #
 # Tags are the defaults of the CRD (spec.image: tandem-trainer:0.1) and of the chart (image:
-# tandem-operator:<appVersion>), under docker.io/library/ as a container runtime normalizes them.
+# tandem-operator:<appVersion>), under docker.io/library/ as a container runtime normalizes them;
+# the third image is examples/pytorch/'s (tandem-pytorch-example:0.1, on the trainer image).
 # Prints each image's size at the end.
 #
 # Environment: CARGO (default cargo), CARGO_TARGET_DIR, TANDEM_IMAGE_PROFILE (cargo profile of the
@@ -22,6 +23,8 @@ log() { echo "[images.sh $(date -u +%H:%M:%S)] $*" >&2; }
 TRAINER_TAG="${TANDEM_TRAINER_IMAGE:-docker.io/library/tandem-trainer:0.1}"
 app_version="$(sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/tandem/Chart.yaml)"
 OPERATOR_TAG="${TANDEM_OPERATOR_IMAGE:-docker.io/library/tandem-operator:$app_version}"
+# examples/pytorch/ as an image (its job.yaml's workers.image), for the end-to-end tests.
+PYTORCH_TAG="docker.io/library/tandem-pytorch-example:0.1"
 
 "$here/deps.sh"
 scripts/fetch-data.sh
@@ -76,7 +79,9 @@ tidy() {
 trap tidy EXIT
 bud docker/trainer.Dockerfile "$TRAINER_TAG" "$BASE"
 bud docker/operator.Dockerfile "$OPERATOR_TAG" "$BASE_CC"
+bud docker/pytorch-example.Dockerfile "$PYTORCH_TAG" "$TRAINER_TAG"
 
 size() { podman image inspect --format '{{.Size}}' "$1" | numfmt --to=iec --suffix=B; }
 log "images built in $((SECONDS - start)) s:"
-printf '  %-48s %s\n' "$TRAINER_TAG" "$(size "$TRAINER_TAG")" "$OPERATOR_TAG" "$(size "$OPERATOR_TAG")" >&2
+printf '  %-48s %s\n' "$TRAINER_TAG" "$(size "$TRAINER_TAG")" "$OPERATOR_TAG" "$(size "$OPERATOR_TAG")" \
+  "$PYTORCH_TAG" "$(size "$PYTORCH_TAG")" >&2

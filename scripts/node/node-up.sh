@@ -41,7 +41,8 @@ done
 [ -x /usr/lib/cni/bridge ] || die "the CNI plugins are not installed; run scripts/node/deps.sh"
 TRAINER_IMAGE="docker.io/library/tandem-trainer:0.1"
 OPERATOR_IMAGE="docker.io/library/tandem-operator:$(sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/charts/tandem/Chart.yaml")"
-for img in "$TRAINER_IMAGE" "$OPERATOR_IMAGE"; do
+PYTORCH_IMAGE="docker.io/library/tandem-pytorch-example:0.1"
+for img in "$TRAINER_IMAGE" "$OPERATOR_IMAGE" "$PYTORCH_IMAGE"; do
   podman image exists "$img" || die "image $img is missing; build it first: make images"
 done
 
@@ -180,7 +181,7 @@ import() { # IMAGE: podman's copy into containerd's k8s.io namespace
   ctr images import "$D/images/image.tar" >/dev/null
   rm -f "$D/images/image.tar"
 }
-for img in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$LOCAL_PATH_IMAGE" "$HELPER_IMAGE" "$TRAINER_IMAGE" "$OPERATOR_IMAGE"; do
+for img in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$LOCAL_PATH_IMAGE" "$HELPER_IMAGE" "$TRAINER_IMAGE" "$OPERATOR_IMAGE" "$PYTORCH_IMAGE"; do
   import "$img"
 done
 "$here/storage-umount.sh"
