@@ -701,37 +701,43 @@ async fn write_status(
 /// Reads the progress of a job that was Running from its status endpoint
 /// ([`progress::status_address`]); anything that fails is logged at debug and gives `None` (the
 /// last progress stays in the status).
+/// Whether the job has a status endpoint to poll for progress: PS replica 0, or the progress
+/// sidecar of a group that runs the user's command.
+fn reports_progress(job: &ValidatedJob<'_>) -> bool {
+    job.spec.parameter_servers.replicas > 0 || job.spec.workers.command.is_some()
+}
+
 async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod]) -> Option<Progress> {
     let name = job.name;
     let running = job.job.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running);
-    let reports = job.spec.parameter_servers.replicas > 0 || job.spec.workers.command.is_some();
-    if !running || !reports {
+    if !running || !reports_progress(job) {
         ctx.tokens.forget(job.uid);
         return None;
     }
+    let left = progress::last_reported(job, pods);
     let Some(addr) = progress::status_address(job, pods) else {
-        tracing::debug!(job = %name, "no running status endpoint with an IP yet; progress unchanged");
-        return None;
+        tracing::debug!(job = %name, "no running status endpoint with an IP; progress from ended groups only");
+        return left;
     };
     let token = match ctx.tokens.get(&ctx.client, job).await {
         Ok(Some(token)) => token,
         Ok(None) => {
             tracing::debug!(job = %name, "the job token Secret is missing or empty; progress unchanged");
-            return None;
+            return left;
         }
         Err(e) => {
             tracing::debug!(job = %name, error = %e, "cannot read the job token; progress unchanged");
-            return None;
+            return left;
         }
     };
     match progress::fetch(addr, &token).await {
-        Ok(ps) => ps.progress,
+        Ok(ps) => progress::furthest(ps.progress, left),
         Err(e) => {
             if e.is_unauthorized() {
                 ctx.tokens.forget(job.uid);
             }
             tracing::debug!(job = %name, error = %e, "cannot read progress; keeping the last one");
-            None
+            left
         }
     }
 }
@@ -856,8 +862,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     let observed =
         Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
     let mut plan = plan::decide(job, &observed, &ctx.settings);
-    let has_ps = job.spec.parameter_servers.replicas > 0;
-    if has_ps && plan.status.phase == Some(JobPhase::Running) {
+    if reports_progress(job) && plan.status.phase == Some(JobPhase::Running) {
         plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
     }
 

@@ -57,8 +57,8 @@ struct Args {
     /// children created), so that a burst is reconciled and its status written once (0: none).
     #[arg(long, env = "TANDEM_DEBOUNCE_MS", default_value_t = tandem_operator::controller::DEFAULT_DEBOUNCE_MS)]
     debounce_ms: u64,
-    /// Seconds between reads of a Running job's progress from its PS replica 0 (jobs without a
-    /// parameter server are not polled).
+    /// Seconds between reads of a Running job's progress from its PS replica 0, or from the
+    /// progress sidecar of a group that runs the user's command (other jobs are not polled).
     #[arg(long, default_value_t = 10)]
     progress_every: u64,
     /// Give every job a NetworkPolicy: its pods admit only the job's own pods, and this

@@ -2,7 +2,9 @@
 //! (`GET http://<pod IP>:7072/status`, answered by `tandem ps`) for `status.progress`, proving the
 //! job token with an HMAC over the request ([`tandem_api::contract::status_auth`]) instead of
 //! sending it. A job whose workers run the user's own command reports through its first group's
-//! rank 0 instead, where `tandem progress` serves the same document beside the user's process.
+//! rank 0 instead, where `tandem progress` serves the same document beside the user's process;
+//! a group that ended between two polls left its last progress in that sidecar's termination
+//! message ([`last_reported`]).
 //!
 //! Expected flow: for a Running job, the controller picks the pod ([`status_address`]), gets the
 //! job token ([`Tokens::get`], cached per job UID), and [`fetch`]es the status with a timeout.
@@ -22,8 +24,8 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
-use tandem_api::Role;
 use tandem_api::contract::{self, PsStatus, status_auth};
+use tandem_api::{Progress, Role};
 
 use crate::names;
 use crate::plan::PodPhase;
@@ -169,6 +171,31 @@ pub fn status_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr
         running(Role::Ps { index: 0 })
     } else {
         None
+    }
+}
+
+/// The furthest progress that the `tandem progress` sidecars of the job's rank-0 pods left in
+/// their termination messages (JSON of [`Progress`]) when their group ended: the final step of a
+/// group that finished, or stopped, since the last poll. `None` for other jobs.
+pub fn last_reported(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<Progress> {
+    job.spec.workers.command.as_ref()?;
+    let ranks0: Vec<String> = (0..job.spec.workers.groups)
+        .map(|group| names::pod(job.name, Role::Worker { group, rank: 0 }))
+        .collect();
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && ranks0.contains(&p.name_any()))
+        .flat_map(|p| p.status.iter().flat_map(|s| s.init_container_statuses.iter().flatten()))
+        .filter(|c| c.name == crate::builder::PROGRESS_SIDECAR)
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.as_deref())
+        .filter_map(|message| serde_json::from_str::<Progress>(message).ok())
+        .max_by_key(|p| p.step)
+}
+
+/// The further of two progress readings (by step; `a` when equal).
+pub fn furthest(a: Option<Progress>, b: Option<Progress>) -> Option<Progress> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.step > a.step { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 

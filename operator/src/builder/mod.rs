@@ -108,8 +108,9 @@ pub struct OperatorPeer {
 
 /// The job's NetworkPolicy (`--network-policy`, the chart's `networkPolicy.enabled`): its pods
 /// admit connections from the job's own pods on every port (PS, rendezvous and collectives, SSH
-/// for `backend: mpi`) and from the operator's pods on the PS status port only; nothing else. It
-/// restricts ingress alone, so pods still reach DNS, object stores and the API server.
+/// for `backend: mpi`) and from the operator's pods on the status port only (a PS's, or a user
+/// group's progress sidecar's); nothing else. It restricts ingress alone, so pods still reach
+/// DNS, object stores and the API server.
 pub fn network_policy(job: &ValidatedJob<'_>, operator: &OperatorPeer) -> NetworkPolicy {
     let job_pods = LabelSelector {
         match_labels: Some(BTreeMap::from([(names::LABEL_JOB.to_owned(), job.name.to_owned())])),

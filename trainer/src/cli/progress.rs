@@ -9,7 +9,9 @@
 //! Before serving it creates the group's checkpoint folder and the progress file's folder (group
 //! writable: the user's process runs in another container, under the pod's `fsGroup`). It stops
 //! on SIGTERM, or when the pod's main container has ended (the kubelet then stops native
-//! sidecars), with code 0: it holds nothing to save.
+//! sidecars), with code 0, after reading the file a last time and writing the last progress to
+//! its termination message (JSON of [`tandem_api::Progress`]): a group that finishes between two
+//! of the operator's polls still reports its final step.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -191,43 +193,67 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = stdout.flush();
         let (query, queries) = mpsc::channel(16);
         let server = tokio::spawn(http::serve(listener, Arc::from(token), query, Health::default()));
-        tokio::select! {
-            () = follow(file, Reading::new(group, replicas), queries) => {}
-            () = super::ps::shutdown_signal() => {}
-        }
+        let reading =
+            follow(file, Reading::new(group, replicas), queries, super::ps::shutdown_signal()).await;
         server.abort();
+        // The group's rank 0 has ended (the kubelet stops a sidecar after the main container) or
+        // the pod is going: the last progress stays in this container's termination message,
+        // where the operator reads the final step of a group that finished between two polls.
+        if let Some(progress) = reading.document().summary.progress {
+            super::termination_message(
+                &serde_json::to_string(&progress).context("cannot encode the progress")?,
+            );
+        }
         anyhow::Ok(())
     })
 }
 
-/// Reads new complete lines of `file` every [`POLL`] and answers the endpoint's queries.
+/// Reads new complete lines of `file` every [`POLL`] and answers the endpoint's queries, until
+/// `stop` (then reads the lines written meanwhile) or the endpoint ends; returns what was read.
 async fn follow(
     file: PathBuf,
     mut reading: Reading,
     mut queries: mpsc::Receiver<oneshot::Sender<GroupDocument>>,
-) {
-    let mut offset = 0u64;
-    let mut pending = Vec::new();
+    stop: impl Future<Output = ()>,
+) -> Reading {
+    let mut tail = Tail { file, offset: 0, pending: Vec::new() };
     let mut tick = tokio::time::interval(POLL);
+    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                if let Ok(mut f) = std::fs::File::open(&file)
-                    && f.seek(SeekFrom::Start(offset)).is_ok()
-                    && let Ok(n) = f.read_to_end(&mut pending)
-                {
-                    offset += n as u64;
-                }
-                let now = Instant::now();
-                while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-                    reading.line(&String::from_utf8_lossy(&pending[..end]), now);
-                    pending.drain(..=end);
-                }
-            }
+            _ = tick.tick() => tail.read(&mut reading),
             asked = queries.recv() => match asked {
                 Some(reply) => { let _ = reply.send(reading.document()); }
-                None => return,
+                None => return reading,
             },
+            () = &mut stop => {
+                tail.read(&mut reading);
+                return reading;
+            }
+        }
+    }
+}
+
+/// The progress file as read so far: the offset read up to and an incomplete last line.
+struct Tail {
+    file: PathBuf,
+    offset: u64,
+    pending: Vec<u8>,
+}
+
+impl Tail {
+    /// Feeds the complete lines written since the last read to `reading`.
+    fn read(&mut self, reading: &mut Reading) {
+        if let Ok(mut f) = std::fs::File::open(&self.file)
+            && f.seek(SeekFrom::Start(self.offset)).is_ok()
+            && let Ok(n) = f.read_to_end(&mut self.pending)
+        {
+            self.offset += n as u64;
+        }
+        let now = Instant::now();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            reading.line(&String::from_utf8_lossy(&self.pending[..end]), now);
+            self.pending.drain(..=end);
         }
     }
 }
@@ -260,5 +286,23 @@ mod tests {
         assert_eq!(p.samples_per_second, Some(320.0));
         assert_eq!((doc.group, doc.lines, doc.skipped_lines), (1, 3, 1));
         assert!(doc.metrics().contains("tandem_group_step{group=\"1\"} 30"));
+    }
+
+    #[tokio::test]
+    async fn stopping_reads_the_lines_written_since_the_last_poll() {
+        let dir = std::env::temp_dir().join(format!("tandem-progress-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("progress.jsonl");
+        std::fs::write(
+            &file,
+            "{\"step\":10,\"loss\":0.9}\n{\"step\":20,\"loss\":0.5,\"accuracy\":0.8}\n{\"step\":3",
+        )
+        .unwrap();
+        let (_query, queries) = mpsc::channel(1);
+        let reading = follow(file, Reading::new(0, 0), queries, std::future::ready(())).await;
+        std::fs::remove_dir_all(&dir).unwrap();
+        let progress = reading.document().summary.progress.unwrap();
+        // The incomplete last line is not read.
+        assert_eq!((progress.step, progress.accuracy), (20, Some(0.8)));
     }
 }
