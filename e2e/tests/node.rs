@@ -514,3 +514,120 @@ async fn deleted_worker_and_ps_pods_checkpoint_on_sigterm_and_their_restarts_los
     assert!(last >= written, "the job's progress went back to step {last} after the PS's version {written}");
     ns.cleanup().await.unwrap();
 }
+
+/// A user's own PyTorch DDP script (examples/pytorch/, its image from `make images`) through the
+/// operator: two groups of two ranks, each one torch.distributed world over gloo between pods,
+/// checkpoints on the job's claim. `status.progress` comes from the script's progress lines
+/// (through the `tandem progress` sidecar of each group's rank 0); a deleted worker pod (SIGTERM:
+/// the group checkpoints and exits 143) restarts its group only, which resumes from its own
+/// checkpoint; both groups reach the example's accuracy; `kubectl tandem logs` shows the script's
+/// output.
+#[tokio::test]
+async fn a_users_pytorch_script_trains_through_the_operator_and_a_deleted_pod_restarts_its_group() {
+    let cluster = TestCluster::connect().await.unwrap();
+    let ns = cluster.namespace("node-pytorch").await.unwrap();
+    let claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "ckpt"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    });
+    cluster.apply(ns.name(), &claim).await.unwrap();
+    // About 30 steps a second on two cores (more with the node to itself): minutes, long enough
+    // to delete a pod mid-run.
+    let steps = 6000;
+    let mut manifest = example("pytorch/job.yaml", "ddp", steps);
+    manifest["spec"]["training"]["checkpoint"]["claimName"] = "ckpt".into();
+    manifest["spec"]["workers"]["env"] = json!([{"name": "OMP_NUM_THREADS", "value": "1"}]);
+    cluster.apply(ns.name(), &manifest).await.unwrap();
+    let jobs = training_jobs(&ns);
+    let started = std::time::Instant::now();
+    let seen = wait_for("status.progress from the script's progress lines", JOB_DEADLINE, || async {
+        let tj = jobs.get("ddp").await.ok()?;
+        let step = tj.data.pointer("/status/progress/step")?.as_u64()?;
+        (step >= 100).then_some(step)
+    })
+    .await;
+    eprintln!("status.progress.step {seen} after {:?}", started.elapsed());
+    let before = uids(&ns, "ddp").await;
+    let (log, code) = delete_and_observe(&ns, "ddp-g1-1").await;
+    assert_eq!(code, Some(143), "the deleted rank's exit code; its log:\n{log}");
+    common::assert_only_group_relaunched(&ns, "ddp", 1, &before).await;
+    let status = wait_succeeded(&ns, "ddp").await;
+    let resumed = log_of(&ns, "ddp-g1-0", false).await;
+    let at = resumed
+        .lines()
+        .find_map(|l| l.strip_prefix("rank 0: resumed from ")?.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("the relaunched group did not resume from a checkpoint:\n{resumed}"));
+    assert!(at >= 50, "group 1 resumed at step {at}");
+    for group in 0..2 {
+        let mut out = Vec::new();
+        let logs = kubectl_tandem::Command::Logs {
+            name: "ddp".to_owned(),
+            group: Some(group),
+            rank: Some(0),
+            follow: false,
+            tail: None,
+        };
+        kubectl_tandem::run(logs, ns.client(), ns.name(), &mut out, &mut std::io::sink()).await.unwrap();
+        let log = String::from_utf8(out).unwrap();
+        let accuracy = log
+            .lines()
+            .find_map(|l| {
+                l.split_once("rank 0: test accuracy ")?.1.split_whitespace().next()?.parse::<f64>().ok()
+            })
+            .unwrap_or_else(|| panic!("kubectl tandem logs shows no test accuracy of group {group}:\n{log}"));
+        assert!(accuracy >= 0.8, "group {group} finished at accuracy {accuracy}:\n{log}");
+        assert!(log.lines().all(|l| l.starts_with(&format!("[ddp-g{group}-0]"))), "{log}");
+    }
+    assert_eq!(status.pointer("/progress/step").and_then(Value::as_u64), Some(steps), "{status:#}");
+    let accuracy = status.pointer("/progress/accuracy").and_then(Value::as_f64);
+    assert!(accuracy.is_some_and(|a| a >= 0.8), "status.progress.accuracy from the script: {status:#}");
+    ns.cleanup().await.unwrap();
+}
+
+/// A user's command that fails at start fails the job at once, naming the pod and the exit code
+/// (no restart loop); a user's image that cannot be pulled leaves the job `Scheduled=False` with
+/// the kubelet's reason.
+#[tokio::test]
+async fn a_users_failing_command_and_missing_image_are_named_in_the_jobs_status() {
+    let cluster = TestCluster::connect().await.unwrap();
+    let ns = cluster.namespace("node-user-bad").await.unwrap();
+    let mut failing = example("pytorch/job.yaml", "exits", 100);
+    failing["spec"]["workers"]["groups"] = 1.into();
+    failing["spec"]["workers"]["command"] =
+        json!(["python3", "-c", "import sys; print('cannot read my config', file=sys.stderr); sys.exit(1)"]);
+    cluster.apply(ns.name(), &failing).await.unwrap();
+    let mut missing = example("pytorch/job.yaml", "noimage", 100);
+    missing["spec"]["workers"]["groups"] = 1.into();
+    missing["spec"]["workers"]["image"] = "tandem-no-such-image:0.1".into();
+    cluster.apply(ns.name(), &missing).await.unwrap();
+    let jobs = training_jobs(&ns);
+
+    let status = wait_for("job exits to end", JOB_DEADLINE, || async {
+        let status = jobs.get("exits").await.ok()?.data.get("status").cloned()?;
+        matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")).then_some(status)
+    })
+    .await;
+    assert_eq!(status["phase"], "Failed", "{status:#}");
+    let failed = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Failed").unwrap();
+    let message = failed["message"].as_str().unwrap();
+    assert!(message.contains("pod exits-g0-") && message.contains("exited with code 1"), "{status:#}");
+    assert_eq!(status["restarts"].as_u64().unwrap_or(0), 0, "a permanent failure restarted: {status:#}");
+
+    let scheduled =
+        wait_for("job noimage's Scheduled=False with the kubelet's reason", JOB_DEADLINE, || async {
+            let status = jobs.get("noimage").await.ok()?.data.get("status").cloned()?;
+            let conditions = status["conditions"].as_array()?.clone();
+            conditions.into_iter().find(|c| {
+                c["type"] == "Scheduled"
+                    && c["status"] == "False"
+                    && matches!(c["reason"].as_str(), Some("ErrImagePull" | "ImagePullBackOff"))
+            })
+        })
+        .await;
+    assert!(
+        scheduled["message"].as_str().is_some_and(|m| m.contains("tandem-no-such-image")),
+        "{scheduled:#}"
+    );
+    ns.cleanup().await.unwrap();
+}

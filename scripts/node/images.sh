@@ -7,7 +7,7 @@
 #
 # Tags are the defaults of the CRD (spec.image: tandem-trainer:0.1) and of the chart (image:
 # tandem-operator:<appVersion>), under docker.io/library/ as a container runtime normalizes them;
-# the third image is examples/pytorch/'s (tandem-pytorch-example:0.1, on the trainer image).
+# the third image is examples/pytorch/'s (tandem-pytorch-example:0.1, on the trainer's Debian base).
 # Prints each image's size at the end.
 #
 # Environment: CARGO (default cargo), CARGO_TARGET_DIR, TANDEM_IMAGE_PROFILE (cargo profile of the
@@ -79,7 +79,7 @@ tidy() {
 trap tidy EXIT
 bud docker/trainer.Dockerfile "$TRAINER_TAG" "$BASE"
 bud docker/operator.Dockerfile "$OPERATOR_TAG" "$BASE_CC"
-bud docker/pytorch-example.Dockerfile "$PYTORCH_TAG" "$TRAINER_TAG"
+bud docker/pytorch-example.Dockerfile "$PYTORCH_TAG" "$BASE"
 
 size() { podman image inspect --format '{{.Size}}' "$1" | numfmt --to=iec --suffix=B; }
 log "images built in $((SECONDS - start)) s:"
