@@ -27,8 +27,8 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 # Tandem's documented exit code for "stopped on SIGTERM after a checkpoint; restart me".
 EXIT_PREEMPTED = 143
@@ -69,7 +69,11 @@ class Mlp(nn.Module):
 def newest_checkpoint(folder):
     if not folder or not os.path.isdir(folder):
         return None
-    steps = [int(n[5:-3]) for n in os.listdir(folder) if n.startswith("step-") and n.endswith(".pt")]
+    steps = [
+        int(n[5:-3])
+        for n in os.listdir(folder)
+        if n.startswith("step-") and n.endswith(".pt")
+    ]
     return os.path.join(folder, f"step-{max(steps):08d}.pt") if steps else None
 
 
@@ -78,9 +82,18 @@ def save_checkpoint(folder, step, model, optimizer, keep=2):
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"step-{step:08d}.pt")
     tmp = path + ".tmp"
-    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+    torch.save(
+        {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+        },
+        tmp,
+    )
     os.replace(tmp, path)
-    old = sorted(n for n in os.listdir(folder) if n.startswith("step-") and n.endswith(".pt"))
+    old = sorted(
+        n for n in os.listdir(folder) if n.startswith("step-") and n.endswith(".pt")
+    )
     for name in old[:-keep]:
         os.remove(os.path.join(folder, name))
     return path
@@ -103,7 +116,9 @@ def evaluate(model, x, y):
 
 
 def main():
-    dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    dist.init_process_group(
+        "gloo"
+    )  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = env_int("TANDEM_STEPS", 300)
     checkpoint_every = env_int("TANDEM_CHECKPOINT_EVERY", 50)
@@ -160,24 +175,38 @@ def main():
         if flag.item() > 0:
             if rank == 0:
                 path = save_checkpoint(checkpoints, step, model.module, optimizer)
-                print(f"rank 0: SIGTERM: checkpointed step {step} to {path}", flush=True)
+                print(
+                    f"rank 0: SIGTERM: checkpointed step {step} to {path}", flush=True
+                )
             dist.barrier()
-            print(f"rank {rank}: stopping at step {step} with exit code {EXIT_PREEMPTED}", flush=True)
+            print(
+                f"rank {rank}: stopping at step {step} with exit code {EXIT_PREEMPTED}",
+                flush=True,
+            )
             dist.destroy_process_group()
             sys.exit(EXIT_PREEMPTED)
 
         if rank == 0 and checkpoint_every > 0 and step % checkpoint_every == 0:
             save_checkpoint(checkpoints, step, model.module, optimizer)
         if step % report_every == 0 or step == steps:
-            line = {"step": step, "loss": sum(losses) / len(losses), "samples": (step - start) * batch * world}
-            if rank == 0 and (step == steps or (eval_every > 0 and step % eval_every == 0)):
+            line = {
+                "step": step,
+                "loss": sum(losses) / len(losses),
+                "samples": (step - start) * batch * world,
+            }
+            if rank == 0 and (
+                step == steps or (eval_every > 0 and step % eval_every == 0)
+            ):
                 line["accuracy"] = evaluate(model.module, test_x, test_y)
             report(progress, **line)
             losses = []
 
     if rank == 0:
         accuracy = evaluate(model.module, test_x, test_y)
-        print(f"rank 0: test accuracy {accuracy:.4f} after {steps} steps, {time.time() - started:.1f} s", flush=True)
+        print(
+            f"rank 0: test accuracy {accuracy:.4f} after {steps} steps, {time.time() - started:.1f} s",
+            flush=True,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
