@@ -26,7 +26,24 @@ pub(super) fn missing(draft: &mut Draft<'_>, pods: &[ObservedPod<'_>], current: 
     let ps = (0..spec.parameter_servers.replicas).map(|index| Role::Ps { index });
     let workers = (0..spec.workers.groups)
         .flat_map(|group| (0..spec.workers.group_size).map(move |rank| Role::Worker { group, rank }));
+    // A group that runs the user's command is one torch.distributed world per attempt: its new
+    // pods wait until every pod of the previous attempt has gone, or a new rank could join the
+    // rendezvous of a rank 0 that is still stopping (and fail when it goes).
+    let going: Vec<u32> = pods
+        .iter()
+        .filter(|_| spec.workers.command.is_some())
+        .filter(|p| p.deleting || p.attempt < attempt_in(&draft.status, p.role))
+        .filter_map(|p| match p.role {
+            Role::Worker { group, .. } => Some(group),
+            Role::Ps { .. } | Role::Launcher { .. } => None,
+        })
+        .collect();
+    let previous_attempt_going =
+        |role: Role| matches!(role, Role::Worker { group, .. } if going.contains(&group));
     for role in ps.chain(workers).filter(|&role| !exists(role)) {
+        if previous_attempt_going(role) {
+            continue;
+        }
         let key = Unit::of(role).key();
         let record = draft.status.attempts.iter().find(|a| a.unit == key);
         match record.and_then(|r| backoff_until(&spec.run_policy, r)) {

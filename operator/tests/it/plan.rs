@@ -881,3 +881,28 @@ fn pending_pods_give_scheduled_false_with_the_schedulers_or_kubelets_reason() {
     assert_eq!(condition(&plan, "Scheduled").status, "True");
     assert_eq!(plan.status.phase, Some(JobPhase::Running));
 }
+
+/// A group that runs the user's command is one torch.distributed world per attempt: it returns
+/// only once every pod of its previous attempt has gone, so that a new rank never joins the
+/// rendezvous of a rank 0 that is still stopping.
+#[test]
+fn a_user_commands_group_returns_only_once_its_previous_pods_are_gone() {
+    let mut job = fixture("user-command.yaml");
+    job.status = Some(run(&job, &all_running(&job), t0()).status);
+    let mut pods = all_running(&job);
+    let (rank0, rank1) = (Role::Worker { group: 1, rank: 0 }, Role::Worker { group: 1, rank: 1 });
+    let i = pods.iter().position(|p| names::role_of(p.labels()) == Some(rank1)).unwrap();
+    pods[i] = exited(pods[i].clone(), 143);
+    let plan = run(&job, &pods, at(10));
+    assert_eq!(plan.status.restarts, 1);
+    apply(&mut job, &mut pods, &plan);
+    // Rank 1 has gone; rank 0 is still stopping (its checkpoint), past the back-off.
+    let mut stopping = pod(&job, rank0, 0, "Running", false);
+    stopping.metadata.deletion_timestamp = Some(Time(at(10)));
+    pods.push(stopping);
+    let waiting = run(&job, &pods, at(120));
+    assert!(waiting.create.is_empty(), "group 1 came back beside its stopping rank 0: {:?}", waiting.create);
+    pods.pop();
+    let back = run(&job, &pods, at(121));
+    assert_eq!(back.create, vec![(rank0, 1), (rank1, 1)]);
+}
