@@ -552,7 +552,23 @@ async fn a_users_pytorch_script_trains_through_the_operator_and_a_deleted_pod_re
     let (log, code) = delete_and_observe(&ns, "ddp-g1-1").await;
     assert_eq!(code, Some(143), "the deleted rank's exit code; its log:\n{log}");
     common::assert_only_group_relaunched(&ns, "ddp", 1, &before).await;
-    let status = wait_succeeded(&ns, "ddp").await;
+    let status = wait_for("job ddp to finish", JOB_DEADLINE, || async {
+        let status = jobs.get("ddp").await.ok()?.data.get("status").cloned()?;
+        matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")).then_some(status)
+    })
+    .await;
+    if status["phase"] != "Succeeded" {
+        let mut out = Vec::new();
+        let logs = kubectl_tandem::Command::Logs {
+            name: "ddp".to_owned(),
+            group: None,
+            rank: None,
+            follow: false,
+            tail: Some(40),
+        };
+        let _ = kubectl_tandem::run(logs, ns.client(), ns.name(), &mut out, &mut std::io::sink()).await;
+        panic!("job ddp did not succeed: {status:#}\nits pods' logs:\n{}", String::from_utf8_lossy(&out));
+    }
     let resumed = log_of(&ns, "ddp-g1-0", false).await;
     let at = resumed
         .lines()
@@ -629,5 +645,12 @@ async fn a_users_failing_command_and_missing_image_are_named_in_the_jobs_status(
         scheduled["message"].as_str().is_some_and(|m| m.contains("tandem-no-such-image")),
         "{scheduled:#}"
     );
+    // The job still runs: delete it, and its pods, before the namespace, so that the operator is
+    // not left recreating pods in a namespace being terminated.
+    jobs.delete("noimage", &kube::api::DeleteParams::default()).await.unwrap();
+    wait_for("job noimage and its pods to go", JOB_DEADLINE, || async {
+        (jobs.get_opt("noimage").await.ok()?.is_none() && pods(&ns, "noimage").await.is_empty()).then_some(())
+    })
+    .await;
     ns.cleanup().await.unwrap();
 }
