@@ -34,6 +34,9 @@ enum Command {
     /// Serve the progress of a group that runs the user's own command (beside its rank 0, started by
     /// the operator).
     Progress(cli::progress::Args),
+    /// Wait until a group's rank 0 accepts connections (before every other rank of a group that
+    /// runs the user's own command, started by the operator).
+    WaitMaster(cli::wait_master::Args),
     /// Start one `backend: mpi` worker group under mpirun (started by the operator or `tandem train`).
     Launcher(cli::launcher::Args),
     /// One rank of a collective self-test, soak or benchmark (started by `bench` and by tests).
@@ -52,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         Command::Worker(args) => cli::worker::run(args),
         Command::Launcher(args) => cli::launcher::run(args),
         Command::Progress(args) => cli::progress::run(args),
+        Command::WaitMaster(args) => cli::wait_master::run(args),
         Command::CommRank(args) => cli::bench::run_rank(args),
     };
     if let Err(e) = &result {

@@ -39,7 +39,7 @@ pub use pod::{
     SCHEDULER_PLUGINS_GROUP_LABEL, SCHEDULER_PLUGINS_SCHEDULER, STATUS_PORT_NAME, TRAINER_FS_GROUP,
     VOLCANO_GROUP_ANNOTATION, VOLCANO_SCHEDULER, pod, restart_policy,
 };
-pub use user::PROGRESS_SIDECAR;
+pub use user::{MASTER_WAIT, PROGRESS_SIDECAR};
 
 /// Metadata of a child object `name` of `job`: its namespace, labels and owner.
 fn meta(job: &ValidatedJob<'_>, name: String, component: &str) -> ObjectMeta {

@@ -108,8 +108,10 @@ pub fn pod(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Pod {
     };
     let container = tandem_container(&mut pod_spec, job, role);
     parts.apply(&mut pod_spec, container);
-    if let Some(sidecar) = user::progress_sidecar(job, role, attempt) {
-        pod_spec.init_containers.get_or_insert_with(Vec::new).push(sidecar);
+    if let Some(init) =
+        user::progress_sidecar(job, role, attempt).or_else(|| user::master_wait(job, role, attempt))
+    {
+        pod_spec.init_containers.get_or_insert_with(Vec::new).push(init);
     }
     if let Role::Worker { .. } = role {
         network::apply(&mut pod_spec, container, &spec.network);

@@ -13,6 +13,7 @@
 //! from the job's image, `tandem progress`, which follows the group's progress file in the
 //! shared output volume and serves it on the status port, where the operator reads
 //! `status.progress` as it does from a PS; the kubelet stops it once the user's container ended.
+//! Every other rank first runs `tandem wait-master` as an init container ([`MASTER_WAIT`]).
 
 use k8s_openapi::api::core::v1::{Container, EnvVar};
 use tandem_api::contract::user::{self, Hosting, UserFiles, user_env};
@@ -69,6 +70,26 @@ pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32)
         ]),
         // A native sidecar: started before the user's container, stopped after it.
         restart_policy: Some("Always".to_owned()),
+        ..Container::default()
+    })
+}
+
+/// Name of the init container that holds every rank but 0 until rank 0 accepts connections.
+pub const MASTER_WAIT: &str = "tandem-wait-master";
+
+/// The init container of `role`, if it is a rank other than 0 of a group running the user's
+/// command: `tandem wait-master` from the job's image, which waits until `MASTER_ADDR:MASTER_PORT`
+/// resolves and accepts connections (PyTorch's store client fails at once on a name that does not
+/// resolve yet, as rank 0's does while its pod is being created or replaced).
+pub(super) fn master_wait(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<Container> {
+    if !runs_user_command(job, role) || matches!(role, Role::Worker { rank: 0, .. }) {
+        return None;
+    }
+    Some(Container {
+        name: MASTER_WAIT.to_owned(),
+        image: Some(job.spec.image.clone()),
+        command: Some(vec!["tandem".to_owned(), "wait-master".to_owned()]),
+        env: Some(contract_env(job, role, attempt)),
         ..Container::default()
     })
 }

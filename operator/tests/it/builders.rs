@@ -115,8 +115,15 @@ fn a_users_command_runs_in_its_image_with_torchruns_variables_and_the_ps_stays_t
     // The same variables as the local runner's, bar the bind address the kubelet fills in.
     let bind = c.env.iter().flatten().find(|e| e.name == env::BIND).unwrap();
     assert_eq!(bind.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "status.podIP");
-    // Rank 1 reports nothing; rank 0 has the native sidecar that serves its group's progress file.
-    assert!(pod.spec.as_ref().unwrap().init_containers.is_none());
+    // Rank 1 reports nothing, and waits for rank 0 before the user's command starts; rank 0 has
+    // the native sidecar that serves its group's progress file.
+    let inits = pod.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    let [wait] = &inits[..] else { panic!("one init container: {inits:?}") };
+    assert_eq!(wait.name, builder::MASTER_WAIT);
+    assert_eq!(wait.restart_policy, None);
+    assert_eq!(wait.image.as_deref(), Some("tandem-trainer:0.1"));
+    assert_eq!(wait.command.as_deref(), Some(&["tandem".to_owned(), "wait-master".to_owned()][..]));
+    assert_eq!(env_map(wait)["MASTER_ADDR"], master);
     let rank0 = builder::pod(&valid(&job), Role::Worker { group: 1, rank: 0 }, 2);
     let sidecars = rank0.spec.as_ref().unwrap().init_containers.clone().unwrap();
     let [sidecar] = &sidecars[..] else { panic!("one sidecar: {sidecars:?}") };

@@ -8,6 +8,7 @@ pub mod progress;
 pub mod ps;
 pub mod report;
 pub mod train;
+pub mod wait_master;
 pub mod worker;
 
 use anyhow::{Context, bail};

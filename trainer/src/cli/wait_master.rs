@@ -1,0 +1,43 @@
+//! `tandem wait-master`: an init container of every rank but 0 of a group that runs the user's
+//! own command. It waits until `MASTER_ADDR:MASTER_PORT` (the group's rank 0, its
+//! `torch.distributed` store) resolves and accepts a TCP connection, so that the user's process
+//! starts only once its rendezvous can succeed: PyTorch's store client gives up at once on a host
+//! name that does not resolve yet, as rank 0's does while its pod is being created or replaced
+//! (a restarted group), and a permanent exit code would then fail the job. Kubeflow's PyTorchJob
+//! waits the same way.
+//!
+//! Waits at most the contract's peer timeout (`TANDEM_PEER_TIMEOUT`); then exits with the
+//! peer-lost code (retryable: the group restarts) and says why in the termination message.
+
+use anyhow::Context;
+use tandem::comm::reach::{self, Target};
+use tandem_api::contract::{self, user::env as user_env};
+
+/// Arguments of `tandem wait-master` (it reads the contract's variables).
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+/// Runs `tandem wait-master`.
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    super::init_logging();
+    let var = |name: &str| {
+        std::env::var(name).ok().filter(|v| !v.is_empty()).with_context(|| {
+            format!("{name} is not set: `tandem wait-master` runs before a rank of a group that runs workers.command")
+        })
+    };
+    let host = var(user_env::MASTER_ADDR)?;
+    let port = var(user_env::MASTER_PORT)?;
+    let port: u16 =
+        port.parse().with_context(|| format!("{} is {port:?}, not a TCP port", user_env::MASTER_PORT))?;
+    let timeout = contract::peer_timeout(|k| std::env::var(k).ok())?;
+    let target = Target { name: format!("rank 0 ({host}:{port})"), host, port };
+    tracing::info!(master = %target.name, timeout_s = timeout.as_secs(), "waiting for the group's rank 0");
+    if let Err(e) = reach::await_reachable(std::slice::from_ref(&target), timeout) {
+        let message = format!("the group's {} did not accept connections: {e}", target.name);
+        eprintln!("Error: {message}");
+        super::termination_message(&message);
+        std::process::exit(contract::EXIT_PEER_LOST);
+    }
+    tracing::info!(master = %target.name, "rank 0 is reachable");
+    Ok(())
+}
