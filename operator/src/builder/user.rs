@@ -79,8 +79,10 @@ pub const MASTER_WAIT: &str = "tandem-wait-master";
 
 /// The init container of `role`, if it is a rank other than 0 of a group running the user's
 /// command: `tandem wait-master` from the job's image, which waits until `MASTER_ADDR:MASTER_PORT`
-/// resolves and accepts connections (PyTorch's store client fails at once on a name that does not
-/// resolve yet, as rank 0's does while its pod is being created or replaced).
+/// resolves and accepts connections. While a group's rank 0 is replaced, its name can still
+/// resolve to the old pod's address for a moment, and PyTorch's store client gives up at once on
+/// the "No route to host" that address gives (it retries only refused connections and names
+/// that do not resolve).
 pub(super) fn master_wait(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<Container> {
     if !runs_user_command(job, role) || matches!(role, Role::Worker { rank: 0, .. }) {
         return None;
@@ -101,7 +103,11 @@ fn environment(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Vec<EnvVar> 
     out
 }
 
-/// The contract's variables for rank `role` at `attempt`.
+fn is_rank0(role: Role) -> bool {
+    matches!(role, Role::Worker { rank: 0, .. })
+}
+
+/// The contract's variables for rank `role` at `attempt`; rank 0's `MASTER_ADDR` is its pod IP.
 fn contract_env(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Vec<EnvVar> {
     let output = std::path::Path::new(names::OUTPUT_DIR);
     let launch = LaunchEnv {
@@ -126,10 +132,11 @@ fn contract_env(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Vec<EnvVar>
     let vars = user_env(&job_config(job), &launch, Hosting::HostPerRank, &files)
         .unwrap_or_else(|_| launch.to_vars());
     vars.into_iter()
-        .map(
-            |(name, value)| {
-                if name == env::BIND { field_env(name, "status.podIP") } else { plain_env(name, &value) }
-            },
-        )
+        .map(|(name, value)| {
+            // Rank 0 hosts the group's store and reaches it at its own address, not through its
+            // name, which may still resolve to the pod it replaced.
+            let own_address = name == env::BIND || (name == user::env::MASTER_ADDR && is_rank0(role));
+            if own_address { field_env(name, "status.podIP") } else { plain_env(name, &value) }
+        })
         .collect()
 }

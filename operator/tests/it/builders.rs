@@ -131,6 +131,10 @@ fn a_users_command_runs_in_its_image_with_torchruns_variables_and_the_ps_stays_t
     assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
     assert_eq!(sidecar.image.as_deref(), Some("tandem-trainer:0.1"));
     assert_eq!(sidecar.command.as_deref(), Some(&["tandem".to_owned(), "progress".to_owned()][..]));
+    // Rank 0 reaches its own store at its pod IP, not through its name.
+    let master_addr =
+        main_container(&rank0).env.iter().flatten().find(|e| e.name == "MASTER_ADDR").unwrap().clone();
+    assert_eq!(master_addr.value_from.unwrap().field_ref.unwrap().field_path, "status.podIP");
     let sidecar_vars = env_map(sidecar);
     assert_eq!(sidecar_vars["TANDEM_PROGRESS_FILE"], env_map(main_container(&rank0))["TANDEM_PROGRESS_FILE"]);
     assert!(!sidecar_vars.contains_key("PYTHONUNBUFFERED"));

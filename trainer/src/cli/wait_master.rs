@@ -1,10 +1,11 @@
 //! `tandem wait-master`: an init container of every rank but 0 of a group that runs the user's
 //! own command. It waits until `MASTER_ADDR:MASTER_PORT` (the group's rank 0, its
 //! `torch.distributed` store) resolves and accepts a TCP connection, so that the user's process
-//! starts only once its rendezvous can succeed: PyTorch's store client gives up at once on a host
-//! name that does not resolve yet, as rank 0's does while its pod is being created or replaced
-//! (a restarted group), and a permanent exit code would then fail the job. Kubeflow's PyTorchJob
-//! waits the same way.
+//! starts only once its rendezvous can succeed. While rank 0's pod is replaced (a restarted group)
+//! its name can resolve to the old pod's address for a moment, and PyTorch's store client gives up
+//! at once on the "No route to host" that address gives (it retries refused connections and names
+//! that do not resolve); a permanent exit code would then fail the job. Kubeflow's PyTorchJob
+//! waits for its master the same way.
 //!
 //! Waits at most the contract's peer timeout (`TANDEM_PEER_TIMEOUT`); then exits with the
 //! peer-lost code (retryable: the group restarts) and says why in the termination message.
