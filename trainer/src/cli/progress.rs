@@ -13,7 +13,7 @@
 //! its termination message (JSON of [`tandem_api::Progress`]): a group that finishes between two
 //! of the operator's polls still reports its final step.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 use tandem::ps::server::http::{self, Document, Health, StatusListener};
+use tandem::runner::user::LineTail;
 use tandem_api::contract::user::{UserProgress, env as user_env};
 use tandem_api::contract::{self, PsStatus, Role};
 use tokio::sync::{mpsc, oneshot};
@@ -216,44 +217,24 @@ async fn follow(
     mut queries: mpsc::Receiver<oneshot::Sender<GroupDocument>>,
     stop: impl Future<Output = ()>,
 ) -> Reading {
-    let mut tail = Tail { file, offset: 0, pending: Vec::new() };
+    let mut tail = LineTail::new(file);
     let mut tick = tokio::time::interval(POLL);
     tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = tick.tick() => tail.read(&mut reading),
+            _ = tick.tick() => {
+                let now = Instant::now();
+                tail.read(|text| reading.line(text, now));
+            }
             asked = queries.recv() => match asked {
                 Some(reply) => { let _ = reply.send(reading.document()); }
                 None => return reading,
             },
             () = &mut stop => {
-                tail.read(&mut reading);
+                let now = Instant::now();
+                tail.read(|text| reading.line(text, now));
                 return reading;
             }
-        }
-    }
-}
-
-/// The progress file as read so far: the offset read up to and an incomplete last line.
-struct Tail {
-    file: PathBuf,
-    offset: u64,
-    pending: Vec<u8>,
-}
-
-impl Tail {
-    /// Feeds the complete lines written since the last read to `reading`.
-    fn read(&mut self, reading: &mut Reading) {
-        if let Ok(mut f) = std::fs::File::open(&self.file)
-            && f.seek(SeekFrom::Start(self.offset)).is_ok()
-            && let Ok(n) = f.read_to_end(&mut self.pending)
-        {
-            self.offset += n as u64;
-        }
-        let now = Instant::now();
-        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
-            reading.line(&String::from_utf8_lossy(&self.pending[..end]), now);
-            self.pending.drain(..=end);
         }
     }
 }

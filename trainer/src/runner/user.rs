@@ -107,32 +107,51 @@ pub fn tail_progress(
     lines: mpsc::Sender<(ProcId, Line)>,
 ) {
     std::thread::spawn(move || {
-        let mut offset = 0u64;
-        let mut pending = Vec::new();
+        let mut tail = LineTail::new(path);
         loop {
             // Read after looking at the flag: once it is set, this read sees every line written.
             let last = ended.load(Ordering::SeqCst);
-            if let Ok(mut file) = std::fs::File::open(&path)
-                && file.seek(SeekFrom::Start(offset)).is_ok()
-                && let Ok(n) = file.read_to_end(&mut pending)
-            {
-                offset += n as u64;
-            }
-            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-                let text = String::from_utf8_lossy(&pending[..end]).into_owned();
-                pending.drain(..=end);
-                if let Some(line) = to_line(group, &text)
-                    && lines.send((id, line)).is_err()
-                {
-                    return;
+            let mut receiver_gone = false;
+            tail.read(|text| {
+                if let Some(line) = to_line(group, text) {
+                    receiver_gone |= lines.send((id, line)).is_err();
                 }
-            }
-            if last {
+            });
+            if last || receiver_gone {
                 return;
             }
             std::thread::sleep(POLL);
         }
     });
+}
+
+/// A file that another process appends lines to, read as it grows: the offset read up to and an
+/// incomplete last line. Each read hands on the complete lines written since the last one.
+pub struct LineTail {
+    path: PathBuf,
+    offset: u64,
+    pending: Vec<u8>,
+}
+
+impl LineTail {
+    /// Reads `path` from its start; a file that does not exist yet reads as empty.
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, offset: 0, pending: Vec::new() }
+    }
+
+    /// Calls `each` with every complete line written since the last read, without its newline.
+    pub fn read(&mut self, mut each: impl FnMut(&str)) {
+        if let Ok(mut file) = std::fs::File::open(&self.path)
+            && file.seek(SeekFrom::Start(self.offset)).is_ok()
+            && let Ok(n) = file.read_to_end(&mut self.pending)
+        {
+            self.offset += n as u64;
+        }
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            each(&String::from_utf8_lossy(&self.pending[..end]));
+            self.pending.drain(..=end);
+        }
+    }
 }
 
 /// A progress line of the user's process as the supervisor's [`Line::Progress`] of `group`.
