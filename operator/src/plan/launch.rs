@@ -29,15 +29,17 @@ pub(super) fn missing(draft: &mut Draft<'_>, pods: &[ObservedPod<'_>], current: 
     // A group that runs the user's command is one torch.distributed world per attempt: its new
     // pods wait until every pod of the previous attempt has gone, or a new rank could join the
     // rendezvous of a rank 0 that is still stopping (and fail when it goes).
-    let going: Vec<u32> = pods
-        .iter()
-        .filter(|_| spec.workers.command.is_some())
-        .filter(|p| p.deleting || p.attempt < attempt_in(&draft.status, p.role))
-        .filter_map(|p| match p.role {
-            Role::Worker { group, .. } => Some(group),
-            Role::Ps { .. } | Role::Launcher { .. } => None,
-        })
-        .collect();
+    let going: Vec<u32> = match spec.workers.command {
+        None => Vec::new(),
+        Some(_) => pods
+            .iter()
+            .filter(|p| p.deleting || p.attempt < attempt_in(&draft.status, p.role))
+            .filter_map(|p| match p.role {
+                Role::Worker { group, .. } => Some(group),
+                Role::Ps { .. } | Role::Launcher { .. } => None,
+            })
+            .collect(),
+    };
     let previous_attempt_going =
         |role: Role| matches!(role, Role::Worker { group, .. } if going.contains(&group));
     for role in ps.chain(workers).filter(|&role| !exists(role)) {
