@@ -234,10 +234,20 @@ pub fn needs_runner(spec: &TrainingJobSpec) -> bool {
 struct Proc {
     role: Role,
     child: Child,
+    /// How it ended, once reaped, and when that was seen.
     exit: Option<Exit>,
+    exited_at: Option<Instant>,
     /// Set once it ended or was killed: its progress file's reader then stops.
     ended: Arc<AtomicBool>,
+    /// Set by its output's reader once it has sent every line (at the end of its stdout, or after
+    /// a user rank 0's last read of its progress file).
+    drained: Arc<AtomicBool>,
+    /// Whether the supervisor was told of its exit.
+    reported: bool,
 }
+
+/// How long an exit waits for the process's last lines before it is reported without them.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -276,8 +286,10 @@ impl Procs<'_> {
         match command {
             state::Command::Spawn { id, role, attempt } => {
                 let ended = Arc::new(AtomicBool::new(false));
-                let (child, log) = self.spawner.spawn(id, role, attempt, &ended)?;
-                self.live.insert(id, Proc { role, child, exit: None, ended });
+                let drained = Arc::new(AtomicBool::new(false));
+                let (child, log) = self.spawner.spawn(id, role, attempt, &ended, &drained)?;
+                let proc = Proc { role, child, exit: None, exited_at: None, ended, drained, reported: false };
+                self.live.insert(id, proc);
                 self.logs.insert(id, log);
             }
             state::Command::Kill { id } => {
@@ -301,14 +313,23 @@ impl Procs<'_> {
         Ok(None)
     }
 
-    /// The children that ended since the last look.
+    /// The children that ended since the last look and whose output was read to its end (or
+    /// that ended [`OUTPUT_GRACE`] ago): a rank's last line, its final accuracy, is never taken
+    /// after its exit.
     fn exits(&mut self) -> Result<Vec<Input>, RunnerError> {
         let mut exits = Vec::new();
-        for (&id, p) in self.live.iter_mut().filter(|(_, p)| p.exit.is_none()) {
-            if let Some(status) = p.child.try_wait().map_err(io(format!("waiting for {}", p.role)))? {
-                let exit = Exit::from_status(status);
-                p.exit = Some(exit);
+        for (&id, p) in self.live.iter_mut().filter(|(_, p)| !p.reported) {
+            if p.exit.is_none()
+                && let Some(status) = p.child.try_wait().map_err(io(format!("waiting for {}", p.role)))?
+            {
+                p.exit = Some(Exit::from_status(status));
+                p.exited_at = Some(Instant::now());
                 p.ended.store(true, Ordering::SeqCst);
+            }
+            let Some(exit) = p.exit else { continue };
+            let late = p.exited_at.is_none_or(|at| at.elapsed() >= OUTPUT_GRACE);
+            if p.drained.load(Ordering::SeqCst) || late {
+                p.reported = true;
                 exits.push(Input::Exited { id, exit });
             }
         }
@@ -518,13 +539,14 @@ impl Spawner<'_> {
     }
 
     /// Starts rank `role` of a user's command; returns it and its log. Rank 0 starts the reader
-    /// of its group's progress file, which stops once `ended` is set.
+    /// of its group's progress file, which stops once `ended` is set, and then sets `drained`.
     fn spawn_user(
         &self,
         id: ProcId,
         role: Role,
         attempt: u32,
         ended: &Arc<AtomicBool>,
+        drained: &Arc<AtomicBool>,
     ) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
         let Role::Worker { group, rank } = role else {
@@ -549,22 +571,27 @@ impl Spawner<'_> {
             opts.workdir.display()
         )))?;
         if rank == 0 {
-            user::tail_progress(files.progress_file, group, id, ended.clone(), self.lines.clone());
+            let reader = (ended.clone(), drained.clone());
+            user::tail_progress(files.progress_file, group, id, reader, self.lines.clone());
+        } else {
+            drained.store(true, Ordering::SeqCst);
         }
         Ok((child, log))
     }
 
-    /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`.
+    /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`;
+    /// `drained` is set once they all have.
     fn spawn(
         &self,
         id: ProcId,
         role: Role,
         attempt: u32,
         ended: &Arc<AtomicBool>,
+        drained: &Arc<AtomicBool>,
     ) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
         if opts.spec.workers.command.is_some() && matches!(role, Role::Worker { .. }) {
-            return self.spawn_user(id, role, attempt, ended);
+            return self.spawn_user(id, role, attempt, ended, drained);
         }
         // On a node, the process runs inside its network namespace.
         let node = opts.placement.node(&opts.spec, role);
@@ -621,6 +648,7 @@ impl Spawner<'_> {
         )))?;
         if let Some(stdout) = child.stdout.take() {
             let tx = self.lines.clone();
+            let drained = drained.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines() {
                     let Ok(line) = line else { break };
@@ -629,7 +657,10 @@ impl Spawner<'_> {
                         break;
                     }
                 }
+                drained.store(true, Ordering::SeqCst);
             });
+        } else {
+            drained.store(true, Ordering::SeqCst);
         }
         Ok((child, log))
     }
@@ -737,7 +768,11 @@ fn supervise(
             let batch = std::iter::once(first).chain(lines.try_iter());
             inputs.extend(batch.map(|(id, line)| Input::Line { id, line }));
         }
-        inputs.extend(procs.exits()?);
+        let exits = procs.exits()?;
+        // A process's output was read to its end before its exit is reported: lines still queued
+        // come first.
+        inputs.extend(lines.try_iter().map(|(id, line)| Input::Line { id, line }));
+        inputs.extend(exits);
         inputs.push(Input::Tick);
         for input in inputs {
             for command in sup.handle(input, Instant::now()) {

@@ -97,13 +97,13 @@ pub fn reset_progress(path: &Path) -> Result<(), RunnerError> {
 }
 
 /// Follows `path` on a thread of its own, sending each complete progress line as `group`'s
-/// progress from process `id`, until `ended` is set (then it reads what is left and stops) or the
-/// receiver is gone.
+/// progress from process `id`, until `ended` is set (then it reads what is left, sets `drained`
+/// and stops) or the receiver is gone.
 pub fn tail_progress(
     path: PathBuf,
     group: u32,
     id: ProcId,
-    ended: Arc<AtomicBool>,
+    (ended, drained): (Arc<AtomicBool>, Arc<AtomicBool>),
     lines: mpsc::Sender<(ProcId, Line)>,
 ) {
     std::thread::spawn(move || {
@@ -118,6 +118,7 @@ pub fn tail_progress(
                 }
             });
             if last || receiver_gone {
+                drained.store(true, Ordering::SeqCst);
                 return;
             }
             std::thread::sleep(POLL);
@@ -194,9 +195,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tandem-tail-{}", std::process::id()));
         let path = dir.join("group-0.0.jsonl");
         reset_progress(&path).unwrap();
-        let ended = Arc::new(AtomicBool::new(false));
+        let (ended, drained) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let (tx, rx) = mpsc::channel();
-        tail_progress(path.clone(), 0, 7, ended.clone(), tx);
+        tail_progress(path.clone(), 0, 7, (ended.clone(), drained.clone()), tx);
         use std::io::Write;
         let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
         file.write_all(b"{\"step\":1}\nnot json\n{\"step\":2,").unwrap();
@@ -208,8 +209,10 @@ mod tests {
         ended.store(true, Ordering::SeqCst);
         let (_, second) = rx.recv().unwrap();
         assert!(matches!(second, Line::Progress { step: 2, loss: Some(l), .. } if l == 0.25), "{second:?}");
-        // The thread stops once the process ended and the file is read: the channel closes.
+        // The thread stops once the process ended and the file is read: the channel closes, and
+        // it said that every line was sent.
         assert!(rx.recv().is_err());
+        assert!(drained.load(Ordering::SeqCst));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
