@@ -234,14 +234,71 @@ async fn mpi_hybrid_trains_through_launcher_and_sshd_as_non_root() {
     ns.cleanup().await.unwrap();
 }
 
-/// Scenario 2b: examples/mnist-allreduce.yaml switched to mpi (no PS) trains through the launcher.
+/// Scenario 2b: examples/mnist-allreduce.yaml switched to mpi (no PS) trains through the launcher,
+/// and its final step and accuracy reach `status.progress` from rank 0 (started by mpirun on the
+/// group's first worker pod, where the progress sidecar follows its lines).
 #[tokio::test]
 async fn mnist_allreduce_over_mpi_trains_through_the_launcher() {
     let mut manifest = example("mnist-allreduce.yaml", "mpiallreduce", 600);
     manifest["spec"]["workers"]["backend"] = "mpi".into();
     let (_cluster, ns) = start("mpiallreduce", manifest).await;
-    wait_succeeded(&ns, "mpiallreduce").await;
+    let status = wait_succeeded(&ns, "mpiallreduce").await;
     assert_mpi_group(&ns, "mpiallreduce", 0, 4).await;
+    assert_eq!(status.pointer("/progress/step").and_then(Value::as_u64), Some(600), "{status:#}");
+    let accuracy = status.pointer("/progress/accuracy").and_then(Value::as_f64);
+    assert!(accuracy.is_some_and(|a| a >= 0.90), "status.progress.accuracy of rank 0: {status:#}");
+    ns.cleanup().await.unwrap();
+}
+
+/// The `Stalled` condition of job `name`, once its status is `want`.
+async fn wait_stalled(ns: &TestNamespace, name: &str, want: &str, deadline: Duration) -> Value {
+    let jobs = training_jobs(ns);
+    wait_for(&format!("Stalled={want} on {name}"), deadline, || async {
+        let tj = jobs.get(name).await.ok()?;
+        let conditions = tj.data.pointer("/status/conditions")?.as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "Stalled" && c["status"] == want)
+    })
+    .await
+}
+
+/// A job without parameter servers (examples/mnist-allreduce.yaml, tcp) reports its progress
+/// through the sidecar of its rank 0: `status.progress` and `kubectl get tj` show its step, and
+/// stall detection watches it. A SIGSTOPped rank holds the group in its allreduce: 30 s later the
+/// job is `Stalled=True` (`stallPolicy: None`: reported only), and once continued the step
+/// advances and `Stalled` turns False.
+#[tokio::test]
+async fn an_allreduce_jobs_progress_reaches_its_status_and_a_stopped_rank_stalls_it() {
+    let mut manifest = example("mnist-allreduce.yaml", "arstall", 200_000);
+    manifest["spec"]["workers"]["groupSize"] = 2.into();
+    manifest["spec"]["runPolicy"] = json!({"stallTimeoutSeconds": 30, "stallPolicy": "None"});
+    let (_cluster, ns) = start("arstall", manifest).await;
+    let step = wait_for("status.progress from rank 0's progress lines", JOB_DEADLINE, || async {
+        progress_step(&ns, "arstall").await.filter(|&s| s > 0)
+    })
+    .await;
+    let table = kubectl(&["-n", ns.name(), "get", "tj", "arstall"]);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    let column =
+        header.iter().position(|h| *h == "STEP").unwrap_or_else(|| panic!("no STEP column:\n{table}"));
+    let shown: u64 = row.get(column).and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(shown >= step, "kubectl get tj shows step {shown}, status.progress had {step}:\n{table}");
+
+    // Rank 1 stopped: rank 0 waits in the allreduce, and no step advances (its collective timeout,
+    // 60 s, is past the stall timeout, so the group is still whole when it is continued).
+    let victim = pod(&ns, "arstall-g0-1").await.unwrap();
+    let (id, _) = container(&victim, "tandem");
+    ctr(&["tasks", "kill", "--signal", "SIGSTOP", &id]);
+    let stalled = wait_stalled(&ns, "arstall", "True", Duration::from_secs(120)).await;
+    let message = stalled["message"].as_str().unwrap_or_default();
+    assert!(message.contains("stallTimeoutSeconds is 30 s") && message.contains("None"), "{stalled:#}");
+    let at = progress_step(&ns, "arstall").await.unwrap();
+    ctr(&["tasks", "kill", "--signal", "SIGCONT", &id]);
+    let progressing = wait_stalled(&ns, "arstall", "False", Duration::from_secs(120)).await;
+    assert_eq!(progressing["reason"], "Progressing", "{progressing:#}");
+    assert!(progress_step(&ns, "arstall").await.unwrap() > at, "the step advanced past {at}");
+    let uid = victim.uid();
+    assert_eq!(pod(&ns, "arstall-g0-1").await.unwrap().uid(), uid, "nothing was restarted");
     ns.cleanup().await.unwrap();
 }
 

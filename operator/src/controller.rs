@@ -701,16 +701,10 @@ async fn write_status(
 /// Reads the progress of a job that was Running from its status endpoint
 /// ([`progress::status_address`]); anything that fails is logged at debug and gives `None` (the
 /// last progress stays in the status).
-/// Whether the job has a status endpoint to poll for progress: PS replica 0, or the progress
-/// sidecar of a group that runs the user's command.
-fn reports_progress(job: &ValidatedJob<'_>) -> bool {
-    job.spec.parameter_servers.replicas > 0 || job.spec.workers.command.is_some()
-}
-
 async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod]) -> Option<Progress> {
     let name = job.name;
     let running = job.job.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running);
-    if !running || !reports_progress(job) {
+    if !running {
         ctx.tokens.forget(job.uid);
         return None;
     }
@@ -862,7 +856,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     let observed =
         Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
     let mut plan = plan::decide(job, &observed, &ctx.settings);
-    if reports_progress(job) && plan.status.phase == Some(JobPhase::Running) {
+    if plan.status.phase == Some(JobPhase::Running) {
         plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
     }
 

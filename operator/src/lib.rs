@@ -36,6 +36,9 @@
 //! the operator reads PS replica 0 at its pod IP ([`progress`]), at least every
 //! [`progress::POLL_EVERY`], and writes `status.progress` with the status patch of the reconcile —
 //! one authenticated read per job per poll, no API writes from pods, no TokenReview round trips.
+//! A job without parameter servers, or running the user's command, is read the same way from
+//! the `tandem progress` sidecar beside its lowest running group's rank 0, which follows the
+//! progress lines that rank appends to its group's file.
 //! A PS that cannot be reached (starting, restarting, an older image) is logged at debug and
 //! leaves the last progress in place; it never fails a reconcile.
 

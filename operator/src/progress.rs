@@ -1,10 +1,10 @@
 //! Progress from the trainer: reads a running job's PS replica 0 over its HTTP status endpoint
 //! (`GET http://<pod IP>:7072/status`, answered by `tandem ps`) for `status.progress`, proving the
 //! job token with an HMAC over the request ([`tandem_api::contract::status_auth`]) instead of
-//! sending it. A job whose workers run the user's own command reports through its first group's
-//! rank 0 instead, where `tandem progress` serves the same document beside the user's process;
-//! a group that ended between two polls left its last progress in that sidecar's termination
-//! message ([`last_reported`]).
+//! sending it. A job without parameter servers, or whose workers run the user's own command,
+//! reports through its first group's rank 0 instead, where `tandem progress` serves the same
+//! document beside the training process; a group that ended between two polls left its last
+//! progress in that sidecar's termination message ([`last_reported`]).
 //!
 //! Expected flow: for a Running job, the controller picks the pod ([`status_address`]), gets the
 //! job token ([`Tokens::get`], cached per job UID), and [`fetch`]es the status with a timeout.
@@ -31,7 +31,7 @@ use crate::names;
 use crate::plan::PodPhase;
 use crate::validate::ValidatedJob;
 
-/// Default of how often the progress of a Running job with a parameter server is read (at most;
+/// Default of how often the progress of a Running job is read (at most;
 /// the resync may be shorter); `--progress-every` of the operator.
 pub const POLL_EVERY: Duration = Duration::from_secs(10);
 /// Time one fetch may take, connection included.
@@ -153,8 +153,8 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The status endpoint that reports the job's progress, if its pod runs and has an IP: for a job
-/// running the user's command, rank 0 of its lowest group that runs (its `tandem progress`
-/// sidecar); else PS replica 0; `None` for a job with neither.
+/// whose groups report ([`ValidatedJob::progress_from_groups`]), rank 0 of its lowest group that
+/// runs (its `tandem progress` sidecar); else PS replica 0.
 pub fn status_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr> {
     let running = |role: Role| {
         let name = names::pod(job.name, role);
@@ -165,20 +165,21 @@ pub fn status_address(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<SocketAddr
         let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
         Some(SocketAddr::new(ip, contract::STATUS_PORT))
     };
-    if job.spec.workers.command.is_some() {
+    if job.progress_from_groups() {
         (0..job.spec.workers.groups).find_map(|group| running(Role::Worker { group, rank: 0 }))
-    } else if job.spec.parameter_servers.replicas > 0 {
-        running(Role::Ps { index: 0 })
     } else {
-        None
+        running(Role::Ps { index: 0 })
     }
 }
 
 /// The furthest progress that the `tandem progress` sidecars of the job's rank-0 pods left in
 /// their termination messages (JSON of [`Progress`]) when their group ended: the final step of a
-/// group that finished, or stopped, since the last poll. `None` for other jobs.
+/// group that finished, or stopped, since the last poll. `None` for a job that PS replica 0
+/// reports.
 pub fn last_reported(job: &ValidatedJob<'_>, pods: &[Pod]) -> Option<Progress> {
-    job.spec.workers.command.as_ref()?;
+    if !job.progress_from_groups() {
+        return None;
+    }
     let ranks0: Vec<String> = (0..job.spec.workers.groups)
         .map(|group| names::pod(job.name, Role::Worker { group, rank: 0 }))
         .collect();

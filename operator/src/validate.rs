@@ -59,6 +59,15 @@ impl ValidatedJob<'_> {
         self.job.metadata.generation
     }
 
+    /// Whether the job's progress comes from its groups rather than from PS replica 0: each
+    /// group's rank 0 appends progress lines to the group's progress file, and a `tandem progress`
+    /// sidecar beside it serves them on the status port. True for a job that runs the user's
+    /// command, and for a built-in job without parameter servers (`algorithm: allreduce`); a
+    /// built-in job with parameter servers is reported by PS replica 0, which hears every group.
+    pub fn progress_from_groups(&self) -> bool {
+        self.spec.workers.command.is_some() || self.spec.parameter_servers.replicas == 0
+    }
+
     /// The controller owner reference every child carries, so that deleting the job deletes it.
     pub fn owner_reference(&self) -> OwnerReference {
         OwnerReference {

@@ -19,7 +19,8 @@
 //! `{"step":120,"loss":0.41,"accuracy":0.83}` — to the file named by [`env::PROGRESS_FILE`];
 //! Tandem reads every complete line, skips the ones that do not parse, and ignores fields it does
 //! not know. Rank 0 of a group writes its group's progress (other ranks may write too; their lines
-//! count as the group's).
+//! count as the group's). The built-in `tandem worker` writes the same lines when the variable is
+//! set ([`UserProgress::of_report`]).
 //!
 //! Exit codes: 0 is done; [`super::EXIT_PREEMPTED`] (143) after SIGTERM means "checkpointed,
 //! resume me" and is retried like any code of 128 and above; 1–127 is a permanent failure under
@@ -29,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ContractError, JobConfig, LaunchEnv, Role};
+use super::{ContractError, GroupReport, JobConfig, LaunchEnv, Role};
 
 /// Names of the variables a user process gets beside [`super::env`]'s.
 pub mod env {
@@ -246,6 +247,24 @@ pub struct UserProgress {
 }
 
 impl UserProgress {
+    /// The line of a built-in worker's `report`: `tandem worker`'s rank 0 appends it to
+    /// [`env::PROGRESS_FILE`] when that is set (on Kubernetes, a job without parameter servers,
+    /// whose groups report their progress as a user's command does).
+    pub fn of_report(report: &GroupReport) -> Self {
+        Self {
+            step: report.step,
+            loss: report.loss,
+            accuracy: report.accuracy,
+            samples: Some(report.samples),
+            epoch: Some(report.epoch),
+        }
+    }
+
+    /// The JSON line of `self` (no newline).
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
     /// Reads one line; `None` for a line that is not a progress object (or has a non-finite or
     /// out-of-range number).
     pub fn parse(line: &str) -> Option<Self> {

@@ -100,7 +100,8 @@ pub fn pod(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Pod {
         Backend::Tcp => Parts::default(),
         Backend::Mpi => mpi::parts(job, role),
     };
-    let parts = role_parts(job, role, attempt);
+    let mut parts = role_parts(job, role, attempt);
+    parts.env.extend(user::progress_file_env(job, role, attempt));
     let parts = if user::runs_user_command(job, role) {
         user::parts(job, role, attempt, parts)
     } else {

@@ -13,6 +13,8 @@
 //! from the job's image, `tandem progress`, which follows the group's progress file in the
 //! shared output volume and serves it on the status port, where the operator reads
 //! `status.progress` as it does from a PS; the kubelet stops it once the user's container ended.
+//! A built-in job without parameter servers (`algorithm: allreduce`) reports the same way: its
+//! `tandem worker` rank 0 appends to the file that `TANDEM_PROGRESS_FILE` names.
 //! Every other rank first runs `tandem wait-master` as an init container ([`MASTER_WAIT`]).
 
 use k8s_openapi::api::core::v1::{Container, EnvVar};
@@ -52,9 +54,11 @@ pub(super) fn parts(job: &ValidatedJob<'_>, role: Role, attempt: u32, parts: Par
 /// Name of the progress sidecar of a group's rank 0.
 pub const PROGRESS_SIDECAR: &str = "tandem-progress";
 
-/// The progress sidecar of `role`, if it is rank 0 of a group running the user's command.
+/// The progress sidecar of `role`, if it is rank 0 of a group whose progress the job reports
+/// ([`ValidatedJob::progress_from_groups`]): the user's command, or the built-in trainer without
+/// parameter servers (whose rank 0 appends to the same file, see [`progress_file_env`]).
 pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<Container> {
-    if !runs_user_command(job, role) || !matches!(role, Role::Worker { rank: 0, .. }) {
+    if !job.progress_from_groups() || !matches!(role, Role::Worker { rank: 0, .. }) {
         return None;
     }
     Some(Container {
@@ -72,6 +76,20 @@ pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32)
         restart_policy: Some("Always".to_owned()),
         ..Container::default()
     })
+}
+
+/// `TANDEM_PROGRESS_FILE` for the built-in trainer's worker or launcher pod of `role`, if the
+/// job's progress comes from its groups: the group's file of `attempt`, which rank 0 of
+/// `tandem worker` appends to and the sidecar of [`progress_sidecar`] follows (a launcher's
+/// mpirun forwards it to its ranks, rank 0 running on the group's first worker pod, as the
+/// hostfile orders them).
+pub(super) fn progress_file_env(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<EnvVar> {
+    let (Role::Worker { group, .. } | Role::Launcher { group }) = role else { return None };
+    if !job.progress_from_groups() || runs_user_command(job, role) {
+        return None;
+    }
+    let file = user::progress_file(std::path::Path::new(names::OUTPUT_DIR), group, attempt);
+    Some(plain_env(user::env::PROGRESS_FILE, &file.display().to_string()))
 }
 
 /// Name of the init container that holds every rank but 0 until rank 0 accepts connections.

@@ -148,6 +148,60 @@ fn a_users_command_runs_in_its_image_with_torchruns_variables_and_the_ps_stays_t
     assert!(!env_map(c).contains_key("PYTHONUNBUFFERED") && !env_map(c).contains_key("RANK"));
 }
 
+/// `job` switched to `algorithm: allreduce`: one group of `size` ranks on `backend`, no PS.
+fn allreduce(mut job: TrainingJob, backend: &str, size: u32) -> TrainingJob {
+    let mut spec = serde_json::to_value(&job.spec).unwrap();
+    spec["training"]["algorithm"] = "allreduce".into();
+    spec["parameterServers"]["replicas"] = 0.into();
+    spec["workers"] = serde_json::json!({"groups": 1, "groupSize": size, "minGroups": 1, "maxGroups": 1, "backend": backend});
+    spec["network"] = serde_json::json!({});
+    job.spec = serde_json::from_value(spec).unwrap();
+    job
+}
+
+fn init_containers(pod: &Pod) -> Vec<Container> {
+    pod.spec.as_ref().unwrap().init_containers.clone().unwrap_or_default()
+}
+
+#[test]
+fn a_job_without_parameter_servers_reports_through_the_progress_sidecar_of_its_rank_0() {
+    let file = "/var/lib/tandem/progress/group-0.3.jsonl";
+    // tcp: rank 0's `tandem worker` appends to the file that its sidecar follows.
+    let job = allreduce(fixture("hybrid.yaml"), "tcp", 2);
+    let job = valid(&job);
+    assert!(job.progress_from_groups());
+    let rank0 = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 3);
+    assert_eq!(
+        main_container(&rank0).command.as_deref(),
+        Some(&["tandem".to_owned(), "worker".to_owned()][..])
+    );
+    assert_eq!(env_map(main_container(&rank0))["TANDEM_PROGRESS_FILE"], file);
+    let [sidecar] = &init_containers(&rank0)[..] else { panic!("one sidecar: {rank0:?}") };
+    assert_eq!(sidecar.name, builder::PROGRESS_SIDECAR);
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(env_map(sidecar)["TANDEM_PROGRESS_FILE"], file);
+    // Rank 1 serves nothing and waits for no one (the built-in tcp rendezvous retries).
+    let rank1 = builder::pod(&job, Role::Worker { group: 0, rank: 1 }, 3);
+    assert!(init_containers(&rank1).is_empty(), "{rank1:?}");
+    // mpi: the launcher's mpirun forwards the file to the ranks; rank 0 runs on worker 0's pod
+    // (the hostfile's first line), where the sidecar follows it.
+    let job = allreduce(fixture("mpi.yaml"), "mpi", 3);
+    let job = valid(&job);
+    let launcher = builder::pod(&job, Role::Launcher { group: 0 }, 3);
+    assert_eq!(env_map(main_container(&launcher))["TANDEM_PROGRESS_FILE"], file);
+    assert!(init_containers(&launcher).is_empty());
+    let rank0 = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 3);
+    let [sidecar] = &init_containers(&rank0)[..] else { panic!("one sidecar: {rank0:?}") };
+    assert_eq!(env_map(sidecar)["TANDEM_PROGRESS_FILE"], file);
+    // With parameter servers, PS 0 reports: no sidecar, no file.
+    let job = fixture("hybrid.yaml");
+    let job = valid(&job);
+    assert!(!job.progress_from_groups());
+    let rank0 = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 3);
+    assert!(init_containers(&rank0).is_empty());
+    assert!(!env_map(main_container(&rank0)).contains_key("TANDEM_PROGRESS_FILE"));
+}
+
 #[test]
 fn job_config_lists_every_ps_and_group_by_dns_name() {
     let job = fixture("hybrid.yaml");

@@ -4,7 +4,9 @@
 //! group's communicator — `tcp` from the job config's peer list, or with `backend: mpi` MPI's
 //! world communicator of the `mpirun` that started the group's ranks, whose MPI rank replaces
 //! `TANDEM_RANK` — trains through the library's worker, prints one JSON progress line per report
-//! of rank 0 and a final `{"event":"finished",…}` line on stdout.
+//! of rank 0 and a final `{"event":"finished",…}` line on stdout. Where `TANDEM_PROGRESS_FILE`
+//! is set, rank 0 also appends each report to it, as a user's command would (a job without
+//! parameter servers on Kubernetes, whose progress sidecar serves that file).
 
 use std::path::PathBuf;
 
@@ -14,7 +16,8 @@ use tandem::comm::Communicator;
 use tandem::compute::train::TrainError;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
-use tandem_api::contract::{Role, WorkerLine};
+use tandem_api::contract::user::{UserProgress, env as user_env};
+use tandem_api::contract::{GroupReport, Role, WorkerLine};
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -110,8 +113,12 @@ fn train<C: Communicator>(
     model_group: Option<Box<dyn tandem_kernels::split::Group>>,
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
+    let mut file = ProgressFile::from_env();
     let summary = worker::run(job, place, token, &args.data_dir, device, comm, model_group, |&progress| {
         println!("{}", WorkerLine::Progress { group, progress }.to_line());
+        if let Some(file) = &mut file {
+            file.append(&progress);
+        }
     })
     .with_context(|| format!("worker {group}/{rank}"))?;
     let finished = WorkerLine::Finished {
@@ -123,4 +130,51 @@ fn train<C: Communicator>(
     };
     println!("{}", finished.to_line());
     Ok(())
+}
+
+/// The group's progress file ([`user_env::PROGRESS_FILE`], set on Kubernetes for a job without
+/// parameter servers), where rank 0 appends each report as a [`UserProgress`] line for the
+/// `tandem progress` sidecar that serves the job's progress. A file that cannot be written costs
+/// the job its progress, not its training: the error is logged once and the file given up.
+struct ProgressFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    given_up: bool,
+}
+
+impl ProgressFile {
+    fn from_env() -> Option<Self> {
+        let path = std::env::var_os(user_env::PROGRESS_FILE).filter(|p| !p.is_empty())?;
+        Some(Self { path: path.into(), file: None, given_up: false })
+    }
+
+    fn append(&mut self, report: &GroupReport) {
+        if self.given_up {
+            return;
+        }
+        let line = format!("{}\n", UserProgress::of_report(report).to_line());
+        if let Err(e) = self.write(line.as_bytes()) {
+            tracing::warn!(
+                path = %self.path.display(),
+                error = %e,
+                "cannot append to the progress file; the job's status shows no further progress"
+            );
+            self.given_up = true;
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => {
+                if let Some(parent) = self.path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let file = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+                self.file.insert(file)
+            }
+        };
+        file.write_all(bytes)
+    }
 }

@@ -1,7 +1,9 @@
-//! The local runner's stall check with real processes: `tandem train -f` on a ps-sync job with a
-//! real parameter server and one single-rank group, whose worker is SIGSTOPped mid-run, so that no
-//! step advances. The runner declares the stall after `runPolicy.stallTimeoutSeconds` (30 s, the
-//! least the CRD allows) and acts by `stallPolicy`.
+//! The local runner's stall check with real processes: `tandem train -f` on one group — of a
+//! ps-sync job with a real parameter server (one rank), or of an allreduce job (two ranks), which
+//! has none —
+//! whose worker is SIGSTOPped mid-run, so that no step advances. The runner declares the stall
+//! after `runPolicy.stallTimeoutSeconds` (30 s, the least the CRD allows) and acts by
+//! `stallPolicy`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -14,11 +16,13 @@ use crate::runner_support::{manifest, one_job_at_a_time, processes_of, set, trai
 /// Generous: the stall takes 30 s, and the machine is shared.
 const WAIT: Duration = Duration::from_secs(240);
 
-fn stalling_job(dir: &Path, policy: &str) -> std::path::PathBuf {
-    manifest(dir, "mnist-ps-sync.yaml", |doc| {
+/// `example` with one group of `size` ranks, 3000 steps and the stall check acting by `policy`.
+fn stalling_job(dir: &Path, example: &str, size: u32, policy: &str) -> std::path::PathBuf {
+    manifest(dir, example, |doc| {
         set(doc, &["spec", "workers", "groups"], 1.into());
+        set(doc, &["spec", "workers", "groupSize"], size.into());
         set(doc, &["spec", "training", "steps"], 3000.into());
-        set(doc, &["spec", "training", "checkpoint", "everySteps"], 50.into());
+        set(doc, &["spec", "training", "checkpoint"], serde_yaml::from_str("{everySteps: 50}").unwrap());
         set(
             doc,
             &["spec", "runPolicy"],
@@ -136,7 +140,7 @@ fn a_stopped_worker_is_reported_stalled_and_restart_group_restarts_it_and_the_jo
     let _one = one_job_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut run = Training::start(&stalling_job(dir.path(), "RestartGroup"), &out);
+    let mut run = Training::start(&stalling_job(dir.path(), "mnist-ps-sync.yaml", 1, "RestartGroup"), &out);
     run.until("a progress past step 20", |e| e["event"] == "progress" && e["step"].as_u64() >= Some(20));
     let stopped_at = Instant::now();
     signal(worker_pid(&out, 0), libc::SIGSTOP);
@@ -162,11 +166,15 @@ fn a_stopped_worker_is_reported_stalled_and_restart_group_restarts_it_and_the_jo
 }
 
 #[test]
-fn a_stopped_worker_with_stall_policy_none_is_only_reported_and_the_job_goes_on_when_it_continues() {
+fn a_stopped_allreduce_worker_with_stall_policy_none_is_only_reported_and_the_job_goes_on_when_it_continues()
+{
     let _one = one_job_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut run = Training::start(&stalling_job(dir.path(), "None"), &out);
+    // No parameter server: the stall clock runs on the group's own progress lines. Two ranks (one
+    // would train inside the runner's own process); the stopped one holds the other in its
+    // allreduce for less than the collective timeout (60 s).
+    let mut run = Training::start(&stalling_job(dir.path(), "mnist-allreduce.yaml", 2, "None"), &out);
     run.until("a progress past step 20", |e| e["event"] == "progress" && e["step"].as_u64() >= Some(20));
     let pid = worker_pid(&out, 0);
     signal(pid, libc::SIGSTOP);
