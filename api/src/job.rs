@@ -512,7 +512,8 @@ const S3_URL_RULE: &str = "!(has(self.path) || has(self.testPath)) || \
 const S3_SETTINGS_RULE: &str = "!has(self.s3) || (has(self.path) && self.path.startsWith('s3://')) || \
      (has(self.testPath) && self.testPath.startsWith('s3://'))";
 
-/// How the `s3://` locations of a data set are reached.
+/// How the `s3://` locations of a data set (`data.s3`) or of checkpoints
+/// (`training.checkpoint.s3`) are reached.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct S3Spec {
@@ -520,13 +521,13 @@ pub struct S3Spec {
     /// no path); default: AWS S3 of `region`. An `http://` endpoint is reached without TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048))]
-    #[x_kube(validation = Rule::new("self.matches('^https?://[^/?#\\\\s]+/?$')").message("data.s3.endpoint is the store's base URL, a scheme and a host with an optional port, e.g. http://minio.storage:9000 or https://s3.example.com; put the bucket and prefix in data.path (s3://bucket/prefix)"))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^/?#\\\\s]+/?$')").message("s3.endpoint is the store's base URL, a scheme and a host with an optional port, e.g. http://minio.storage:9000 or https://s3.example.com; put the bucket and prefix in the s3:// location (data.path or training.checkpoint.url: s3://bucket/prefix)"))]
     pub endpoint: Option<String>,
     /// Region of the bucket (default: AWS_REGION or AWS_DEFAULT_REGION from the environment, else
     /// us-east-1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{1,32}$')").message("data.s3.region is a region name such as eu-west-1 (lower-case letters, digits and hyphens)"))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{1,32}$')").message("s3.region is a region name such as eu-west-1 (lower-case letters, digits and hyphens)"))]
     pub region: Option<String>,
     /// `path` (`<endpoint>/<bucket>/<key>`, what most S3-compatible stores expect) or
     /// `virtualHosted` (`<bucket>.<endpoint host>/<key>`, AWS's preferred style). Default: path
@@ -905,19 +906,35 @@ fn default_tau() -> u32 {
 /// Checkpointing.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.s3) || has(self.url)").message("training.checkpoint.s3 (endpoint, region, addressing) says how to reach the store of training.checkpoint.url: set the url (s3://<bucket>/<prefix>), or remove training.checkpoint.s3"))]
 pub struct CheckpointSpec {
     /// Write a checkpoint every this many steps; 0 disables periodic checkpoints.
     #[serde(default = "default_checkpoint_every")]
     pub every_steps: u64,
-    /// Name of a PersistentVolumeClaim holding checkpoints; without one, pods use an emptyDir
-    /// (which survives container restarts but not pod deletion).
+    /// Name of a PersistentVolumeClaim holding checkpoints, mounted by every pod of the job; without
+    /// one, pods use an emptyDir (which survives container restarts but not pod deletion). A
+    /// claim whose pods may land on several nodes needs the ReadWriteMany access mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_name: Option<String>,
+    /// Object storage that keeps the checkpoints beyond the pods: `s3://<bucket>/<prefix>` (AWS S3
+    /// or an S3-compatible store); each job writes under `<prefix>/<job name>/`, so a job deleted
+    /// and re-created, or a parameter server rescheduled to another node, resumes where it was.
+    /// The pods' folders (emptyDir or `claimName`) still hold the files first. Credentials as for
+    /// `data.path` (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, IRSA, …), on Kubernetes through
+    /// the pod templates' `env` of the workers and the parameter servers; they must allow
+    /// s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new("self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')").message("training.checkpoint.url is s3://<bucket>/<prefix>: a bucket name of 3 to 63 lower-case letters, digits, dots and hyphens (starting and ending with a letter or digit), then an optional key prefix, e.g. s3://checkpoints/team-a"))]
+    pub url: Option<String>,
+    /// How the store of `url` is reached (endpoint, region, addressing), as `data.s3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Spec>,
 }
 
 impl Default for CheckpointSpec {
     fn default() -> Self {
-        Self { every_steps: default_checkpoint_every(), claim_name: None }
+        Self { every_steps: default_checkpoint_every(), claim_name: None, url: None, s3: None }
     }
 }
 

@@ -711,3 +711,119 @@ async fn a_users_failing_command_and_missing_image_are_named_in_the_jobs_status(
     .await;
     ns.cleanup().await.unwrap();
 }
+
+/// A MinIO server on the node's address, which pods reach; stopped when dropped.
+struct NodeMinio {
+    child: std::process::Child,
+    drive: std::path::PathBuf,
+    endpoint: String,
+}
+
+impl NodeMinio {
+    const USER: &str = "tandem-e2e";
+    const SECRET: &str = "tandem-e2e-secret";
+
+    fn start(bucket: &str) -> NodeMinio {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/minio/bin-path.sh");
+        let out = Command::new(script).output().unwrap();
+        let bin = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(std::path::Path::new(&bin).exists(), "{bin} is missing: `make minio-bin`");
+        let root = std::env::temp_dir().join(format!("tandem-e2e-minio-{}", std::process::id()));
+        let drive = root.join("drive");
+        std::fs::create_dir_all(drive.join(bucket)).unwrap();
+        // The node's bridge address (scripts/node/node-env.sh), on a port of its own.
+        let port = std::net::TcpListener::bind("10.89.0.1:0").unwrap().local_addr().unwrap().port();
+        let address = format!("10.89.0.1:{port}");
+        let log = std::fs::File::create(root.join("minio.log")).unwrap();
+        let child = Command::new(bin)
+            .arg("server")
+            .arg(&drive)
+            .args(["--address", &address, "--console-address", "127.0.0.1:0", "--certs-dir"])
+            .arg(root.join("certs"))
+            .env("MINIO_ROOT_USER", Self::USER)
+            .env("MINIO_ROOT_PASSWORD", Self::SECRET)
+            .env("MINIO_BROWSER", "off")
+            .env("HOME", &root)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(&address).is_err() {
+            assert!(std::time::Instant::now() < deadline, "minio did not listen on {address} within 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        NodeMinio { child, drive, endpoint: format!("http://{address}") }
+    }
+
+    /// Object names under `prefix` of `bucket` (MinIO keeps an object as a folder of its key).
+    fn objects(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.drive.join(bucket).join(prefix))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for NodeMinio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(root) = self.drive.parent() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}
+
+/// Checkpoints in object storage (`training.checkpoint.url`, a real MinIO that the pods reach on
+/// the node's address, credentials from the pod template's env): a TrainingJob deleted mid-run —
+/// its pods and their emptyDirs gone — and re-created resumes at the step it had saved.
+#[tokio::test]
+async fn a_deleted_and_recreated_job_resumes_from_its_checkpoints_in_a_bucket() {
+    let bucket = "tandem-checkpoints";
+    let minio = NodeMinio::start(bucket);
+    let mut manifest = example("mnist-allreduce.yaml", "s3ckpt", 200_000);
+    manifest["spec"]["workers"]["groupSize"] = 2.into();
+    manifest["spec"]["training"]["checkpoint"] =
+        json!({"everySteps": 100, "url": format!("s3://{bucket}/runs"), "s3": {"endpoint": minio.endpoint}});
+    manifest["spec"]["workers"]["template"] = json!({"spec": {"containers": [{"name": "tandem", "env": [
+        {"name": "AWS_ACCESS_KEY_ID", "value": NodeMinio::USER},
+        {"name": "AWS_SECRET_ACCESS_KEY", "value": NodeMinio::SECRET},
+    ]}]}});
+    let (cluster, ns) = start("s3ckpt", manifest.clone()).await;
+    wait_for("a checkpoint in the bucket", JOB_DEADLINE, || async {
+        let kept = minio.objects(bucket, "runs/s3ckpt/checkpoints");
+        (!kept.is_empty()).then_some(kept)
+    })
+    .await;
+    let jobs = training_jobs(&ns);
+    jobs.delete("s3ckpt", &Default::default()).await.unwrap();
+    wait_for("the job's pods to be gone", JOB_DEADLINE, || async {
+        pods(&ns, "s3ckpt").await.is_empty().then_some(())
+    })
+    .await;
+    let saved: Vec<u64> = minio
+        .objects(bucket, "runs/s3ckpt/checkpoints")
+        .iter()
+        .filter_map(|n| n.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok())
+        .collect();
+    let newest = saved.iter().copied().max().unwrap_or_else(|| panic!("no checkpoint in the bucket"));
+    assert!(saved.len() <= 3, "the bucket keeps what the folder keeps: {saved:?}");
+
+    cluster.apply(ns.name(), &manifest).await.unwrap();
+    let log = wait_for("rank 0 to resume", JOB_DEADLINE, || async {
+        let log = log_of(&ns, "s3ckpt-g0-0", false).await;
+        log.contains("resumed from checkpoint").then_some(log)
+    })
+    .await;
+    let line = log.lines().find(|l| l.contains("resumed from checkpoint")).unwrap();
+    let step: u64 = line
+        .split("step=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(step >= newest, "resumed at step {step}, but the bucket held step {newest}: {line}");
+    ns.cleanup().await.unwrap();
+}

@@ -68,8 +68,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut config = ServerConfig::new(shard);
     let job_identity = checkpoint::JobIdentity::of(&job);
-    config.checkpoints =
-        Some(checkpoint::Store::open(env.output.join(format!("ps-{index}")), index, job_identity)?);
+    let mirror = tandem::compute::mirror::Mirror::of(&job.spec, &job.job_name, &env.output);
+    config.checkpoints = Some(
+        checkpoint::Store::open(env.output.join(format!("ps-{index}")), index, job_identity)?
+            .mirrored(mirror)?,
+    );
     config.hello_timeout = Duration::from_secs(args.hello_timeout.max(1));
     // Scaling rewrites the config in place (a ConfigMap volume, the local runner's job.json).
     config.job_config = Some(env.config.clone());

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use super::DeviceArg;
 use crate::cli::report::display::Display;
 use anyhow::{Context, bail};
+use tandem::compute::mirror::Mirror;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{Cadence, LocalStep, Trainer};
 use tandem::compute::{checkpoint, data};
@@ -105,9 +106,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt_dir = out_dir.join("checkpoints");
     // This process writes the checkpoints: it takes the folder over.
     checkpoint::remove_partial(&ckpt_dir)?;
+    // Checkpoints in object storage are the job's wherever it runs: a run resumes from them.
+    let mirror = Mirror::of(spec, &name, &out_dir);
+    if let Some(mirror) = &mirror {
+        mirror.restore(&ckpt_dir, checkpoint::is_checkpoint)?;
+    }
     let title = format!("{name}: {} on {:?}", model_label(spec), spec.data.source);
     let mut display = Display::new(&name, args.output == Output::Json, title, out_dir.clone());
-    if args.resume
+    if (args.resume || mirror.is_some())
         && let Some(newest) = checkpoint::newest_intact(&ckpt_dir)?
     {
         trainer.restore(&mut update, &newest.path, &newest.checkpoint)?;
@@ -130,7 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         output: out_dir.display().to_string(),
     });
     let mut merged = Merged::default();
-    let cadence = Cadence::of(spec, Some(ckpt_dir));
+    let cadence = Cadence { mirror, ..Cadence::of(spec, Some(ckpt_dir)) };
     let summary = trainer.run(&mut update, &cadence, &mut |r| display.show(&merged.report(0, r)))?;
     display.show(&Event::Finished {
         test_accuracy: Some(summary.evaluation.accuracy),

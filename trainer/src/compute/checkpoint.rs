@@ -389,6 +389,11 @@ pub fn remove_partial(dir: &Path) -> Result<(), CheckpointError> {
 }
 
 /// The step of a checkpoint file name of [`step_path`].
+/// Whether `name` is a worker checkpoint's file name (`ckpt-<step>.safetensors`).
+pub fn is_checkpoint(name: &str) -> bool {
+    step_of(name).is_some()
+}
+
 fn step_of(name: &str) -> Option<u64> {
     name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok()
 }

@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod device;
+pub mod mirror;
 pub mod model;
 pub mod optim;
 pub mod params;

@@ -28,6 +28,7 @@ use tandem_api::contract::GroupReport;
 use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
 use crate::compute::data::{DataCursor, DataError, Dataset, InputShape, JobData, Source};
 use crate::compute::device::Device;
+use crate::compute::mirror::Mirror;
 use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
 use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
 use crate::compute::params::{FlatError, FlatLayout, ParamStore};
@@ -279,6 +280,9 @@ pub struct Cadence {
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoints kept in the folder (older ones are deleted); 0 keeps all.
     pub keep_checkpoints: usize,
+    /// Object storage that keeps a copy of the folder (`training.checkpoint.url`), updated after
+    /// every checkpoint.
+    pub mirror: Option<Mirror>,
     /// Set asynchronously (by SIGTERM, [`crate::util::signal::stop_flag`]) to stop the run at the
     /// next step boundary with its state saved; `None` never stops early.
     pub stop: Option<&'static AtomicBool>,
@@ -296,6 +300,7 @@ impl Cadence {
             checkpoint_every: spec.training.checkpoint.every_steps,
             checkpoint_dir,
             keep_checkpoints: KEEP_CHECKPOINTS,
+            mirror: None,
             stop: None,
         }
     }
@@ -802,7 +807,7 @@ impl Trainer {
                 update.whole_params(self.store.parts().params)?;
             }
             if let Some(dir) = due {
-                self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
+                self.write_checkpoint(update, dir, cadence)?;
             }
             if k < total && self.stop_agreed(update, cadence)? {
                 let checkpoint = match &cadence.checkpoint_dir {
@@ -811,7 +816,7 @@ impl Trainer {
                             if !evaluate {
                                 update.whole_params(self.store.parts().params)?;
                             }
-                            self.write_checkpoint(update, dir, cadence.keep_checkpoints)?;
+                            self.write_checkpoint(update, dir, cadence)?;
                         }
                         update.leader().then(|| checkpoint::step_path(dir, k))
                     }
@@ -886,7 +891,7 @@ impl Trainer {
         &mut self,
         update: &mut dyn GradientStep,
         dir: &Path,
-        keep: usize,
+        cadence: &Cadence,
     ) -> Result<(), TrainError> {
         update.prepare_checkpoint(self.store.params().len())?;
         self.group_cursors = update.gather_cursors(self.loader.cursor())?;
@@ -897,8 +902,11 @@ impl Trainer {
             TrainError::Config(format!("cannot create {} for checkpoints: {e}", dir.display()))
         })?;
         self.save(update, &checkpoint::step_path(dir, self.step))?;
-        if keep > 0 {
-            checkpoint::prune(dir, keep)?;
+        if cadence.keep_checkpoints > 0 {
+            checkpoint::prune(dir, cadence.keep_checkpoints)?;
+        }
+        if let Some(mirror) = &cadence.mirror {
+            mirror.push(dir, checkpoint::is_checkpoint)?;
         }
         Ok(())
     }

@@ -54,6 +54,7 @@ use crate::comm::tcp::{self, TcpComm, TcpConfig};
 use crate::comm::{CommError, Communicator};
 use crate::compute::checkpoint;
 use crate::compute::device::Device;
+use crate::compute::mirror::Mirror;
 use crate::compute::model::{self, ModelError};
 use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use crate::ps::client::{ClientConfig, PsClient};
@@ -242,6 +243,7 @@ pub fn run<C: Communicator>(
     }
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
+    let mirror = Mirror::of(&job.spec, &job.job_name, &place.output);
     let mut update = match plan.ps_mode {
         None => {
             let partition = trainer.model().partition();
@@ -288,13 +290,14 @@ pub fn run<C: Communicator>(
     };
     trainer.set_params(&params)?;
     let steps = trainer.total_steps();
-    let start = continue_at(&mut update, &mut trainer, place, &checkpoints, steps)?;
+    let start = continue_at(&mut update, &mut trainer, place, &checkpoints, mirror.as_ref(), steps)?;
     // One loop for every job: the cadence is the job's, the step is this rank's algorithm. Only
     // an `allreduce` group checkpoints (rank 0, into its output folder): the servers keep a PS
     // job's state.
     let dir = matches!(update, Update::Allreduce(_)).then_some(checkpoints);
     let stop = place.stop_on_sigterm.then(crate::util::signal::stop_flag);
-    let cadence = Cadence { report_every: PROGRESS_EVERY, stop, ..Cadence::of(spec, dir) };
+    let mirror = dir.as_ref().and(mirror);
+    let cadence = Cadence { report_every: PROGRESS_EVERY, stop, mirror, ..Cadence::of(spec, dir) };
     let summary = trainer.run(update.step(), &cadence, &mut on_progress)?;
     // The steps it ran to: a run in epochs counts them as the job's epoch plan split each epoch.
     Ok(Summary { steps: summary.steps, start_step: start, accuracy: summary.evaluation.accuracy })
@@ -322,12 +325,13 @@ fn check_place<C: Communicator>(job: &JobConfig, place: &Place, comm: &C) -> Res
 
 /// The step this rank's group continues from, with `trainer` moved there: the PS's record of
 /// the group's progress, or rank 0's newest intact `allreduce` checkpoint in `checkpoints` (0 for
-/// a fresh start).
+/// a fresh start), after copying those that only `mirror` holds into the folder.
 fn continue_at<C: Communicator>(
     update: &mut Update<C>,
     trainer: &mut Trainer,
     place: &Place,
     checkpoints: &Path,
+    mirror: Option<&Mirror>,
     steps: u64,
 ) -> Result<u64, WorkerError> {
     let start = match update {
@@ -365,6 +369,9 @@ fn continue_at<C: Communicator>(
             // the newest intact one.
             let newest = if place.rank == 0 {
                 checkpoint::remove_partial(checkpoints).map_err(TrainError::from)?;
+                if let Some(mirror) = mirror {
+                    mirror.restore(checkpoints, checkpoint::is_checkpoint).map_err(TrainError::from)?;
+                }
                 checkpoint::newest_intact(checkpoints).map_err(TrainError::from)?
             } else {
                 None

@@ -354,3 +354,121 @@ fn a_text_and_a_table_in_a_bucket_train_like_the_same_files_on_a_local_path() {
     );
     assert!(err.contains(&missing) && err.contains("no such file or folder"), "{err}");
 }
+
+/// A running `tandem train --output json` of `manifest` into `out`, its events read as they come.
+struct Running {
+    child: Child,
+    events: std::sync::mpsc::Receiver<serde_json::Value>,
+}
+
+impl Running {
+    fn start(mut c: Command, manifest: &Path, out: &Path) -> Running {
+        use std::io::BufRead;
+        let mut child = c
+            .args(["train", "--output", "json", "--device", "cpu", "-f"])
+            .arg(manifest)
+            .arg("--output-dir")
+            .arg(out)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(out.with_extension("stderr")).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(event) = serde_json::from_str(&line)
+                    && tx.send(event).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Running { child, events }
+    }
+
+    /// The first event that `wanted` accepts; panics after 4 minutes or when the run ends first.
+    fn until(&mut self, what: &str, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        loop {
+            match self.events.recv_timeout(Duration::from_secs(240)) {
+                Ok(event) if wanted(&event) => return event,
+                Ok(_) => {}
+                Err(e) => panic!("no {what}: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The object names under `prefix` of `bucket` on the server's drive (MinIO keeps an object as a
+/// folder of its key).
+fn objects(minio: &Minio, bucket: &str, prefix: &str) -> Vec<String> {
+    let dir = minio.dir.path().join("drive").join(bucket).join(prefix);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Checkpoints in a bucket (`training.checkpoint.url`) outlive the output folder: a run killed
+/// mid-way and started again with an empty output folder — a job deleted and re-created, a pod on
+/// another node — resumes from the bucket, for an `allreduce` group's checkpoints (rank 0's) and
+/// for a parameter server's shard alike; the bucket keeps what the folder keeps (pruned alike).
+#[test]
+fn checkpoints_in_a_bucket_outlive_the_output_folder_of_workers_and_parameter_servers() {
+    let _one = crate::runner_support::one_job_at_a_time();
+    let bucket = "tandem-checkpoints";
+    let minio = Minio::start(&[bucket]);
+    let dir = tempfile::tempdir().unwrap();
+    // An allreduce group of two ranks (rank 0 checkpoints), the same job in one process (no
+    // runner), and a PS job (its shard checkpoints; the workers continue from the PS's step).
+    for (name, example, size, at_least) in [
+        ("ckpt-allreduce", "mnist-allreduce.yaml", 2, 200),
+        ("ckpt-single", "mnist-allreduce.yaml", 1, 200),
+        ("ckpt-ps", "mnist-ps-sync.yaml", 1, 1),
+    ] {
+        let manifest =
+            crate::runner_support::manifest_as(dir.path(), example, &format!("{name}.yaml"), |doc| {
+                use crate::runner_support::set;
+                set(doc, &["metadata", "name"], name.into());
+                set(doc, &["spec", "workers", "groups"], 1.into());
+                set(doc, &["spec", "workers", "groupSize"], size.into());
+                set(doc, &["spec", "training", "steps"], 1500.into());
+                let checkpoint = format!(
+                    "{{everySteps: 100, url: 's3://{bucket}/runs', s3: {{endpoint: '{}'}}}}",
+                    minio.endpoint
+                );
+                set(doc, &["spec", "training", "checkpoint"], serde_yaml::from_str(&checkpoint).unwrap());
+            });
+        let mut first = Running::start(minio.tandem(), &manifest, &dir.path().join(format!("{name}-1")));
+        first.until("a step past 250", |e| e["event"] == "progress" && e["step"].as_u64() > Some(250));
+        drop(first);
+
+        let mut second = Running::start(minio.tandem(), &manifest, &dir.path().join(format!("{name}-2")));
+        let resumed = second.until("a progress event", |e| e["event"] == "progress");
+        let step = resumed["step"].as_u64().unwrap();
+        assert!(
+            step > at_least,
+            "{name} started again at step {step}, not from its checkpoint in the bucket"
+        );
+        let finished = second.until("the end", |e| e["event"] == "finished");
+        assert!(finished["test_accuracy"].as_f64().unwrap() > 0.8, "{finished}");
+        assert!(second.child.wait().unwrap().success());
+        let (prefix, checkpoint) = match name {
+            "ckpt-ps" => (format!("runs/{name}/ps-0"), "shard-0-v"),
+            _ => (format!("runs/{name}/checkpoints"), "ckpt-"),
+        };
+        let kept = objects(&minio, bucket, &prefix);
+        assert!(
+            !kept.is_empty() && kept.len() <= 3 && kept.iter().all(|k| k.starts_with(checkpoint)),
+            "{name}: the bucket holds {kept:?} under {prefix}, not the folder's pruned checkpoints"
+        );
+    }
+}

@@ -91,7 +91,24 @@ pub fn configure(settings: Option<&S3Spec>) {
     let mut registry = registry();
     if registry.settings != settings {
         registry.settings = settings;
-        registry.buckets.clear();
+        let own = std::mem::take(&mut registry.own);
+        registry.buckets.retain(|name, _| own.contains_key(name));
+        registry.own = own;
+    }
+}
+
+/// Sets how the bucket of the URL `location` is reached (a job's `training.checkpoint.s3`),
+/// whatever [`configure`] says for the others; its client, if built with other settings, is
+/// dropped.
+pub fn configure_bucket(location: &Path, settings: Option<&S3Spec>) {
+    let url = location.to_string_lossy();
+    let rest = url.strip_prefix(SCHEME).unwrap_or(&url);
+    let name = rest.split_once('/').map_or(rest, |(name, _)| name).to_owned();
+    let settings = settings.cloned().unwrap_or_default();
+    let mut registry = registry();
+    if registry.own.get(&name) != Some(&settings) {
+        registry.buckets.remove(&name);
+        registry.own.insert(name, settings);
     }
 }
 
@@ -225,6 +242,26 @@ pub fn upload(from: &Path, to: &Path) -> Result<(u64, u64), DataError> {
     Ok((objects, bytes))
 }
 
+/// Names of the objects directly under the prefix `dir` (not of the sub-prefixes), sorted; none
+/// when nothing lies there (a missing bucket, denied access or an unreachable store is an error).
+pub fn list_objects(dir: &Path) -> Result<Vec<String>, DataError> {
+    let (bucket, key) = locate(dir)?;
+    let mut names: Vec<String> = bucket.list(&key)?.into_iter().filter(|e| !e.dir).map(|e| e.name).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Deletes the object `path` (an object that is already gone is no error).
+pub fn delete(path: &Path) -> Result<(), DataError> {
+    let (bucket, key) = locate(path)?;
+    let this = Arc::clone(&bucket);
+    let k = key.clone();
+    match block(async move { this.store.delete(&k).await })? {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(bucket.failure(&key, &e)),
+    }
+}
+
 fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
     for entry in std::fs::read_dir(dir).map_err(|source| DataError::Io { path: dir.to_owned(), source })? {
         let path = entry.map_err(|source| DataError::Io { path: dir.to_owned(), source })?.path();
@@ -257,6 +294,8 @@ fn local_error(path: &Path, e: std::io::Error) -> DataError {
 #[derive(Default)]
 struct Registry {
     settings: S3Spec,
+    /// Buckets reached with settings of their own ([`configure_bucket`]).
+    own: HashMap<String, S3Spec>,
     buckets: HashMap<String, Arc<Bucket>>,
 }
 
@@ -283,7 +322,11 @@ fn locate(path: &Path) -> Result<(Arc<Bucket>, Key), DataError> {
     let bucket = match registry.buckets.get(name) {
         Some(b) => Arc::clone(b),
         None => {
-            let b = Arc::new(Bucket::connect(name, &registry.settings)?);
+            let (settings, purpose) = match registry.own.get(name) {
+                Some(own) => (own, Purpose::Checkpoints),
+                None => (&registry.settings, Purpose::Data),
+            };
+            let b = Arc::new(Bucket::connect(name, settings, purpose)?);
             registry.buckets.insert(name.to_owned(), Arc::clone(&b));
             b
         }
@@ -300,6 +343,40 @@ struct Bucket {
     place: String,
     /// The credentials the client signs with, for an access-denied message.
     credentials: &'static str,
+    /// What the bucket holds, for messages.
+    purpose: Purpose,
+}
+
+/// What a bucket is used for, which names the fields and permissions that messages point at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// A data set (`data.path`, `data.s3`).
+    Data,
+    /// Checkpoints (`training.checkpoint.url`, `training.checkpoint.s3`).
+    Checkpoints,
+}
+
+impl Purpose {
+    fn location(self) -> &'static str {
+        match self {
+            Purpose::Data => "data.path",
+            Purpose::Checkpoints => "training.checkpoint.url",
+        }
+    }
+
+    fn endpoint(self) -> &'static str {
+        match self {
+            Purpose::Data => "data.s3.endpoint",
+            Purpose::Checkpoints => "training.checkpoint.s3.endpoint",
+        }
+    }
+
+    fn permissions(self) -> &'static str {
+        match self {
+            Purpose::Data => "s3:ListBucket and s3:GetObject",
+            Purpose::Checkpoints => "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject",
+        }
+    }
 }
 
 /// A non-empty environment variable.
@@ -308,7 +385,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 impl Bucket {
-    fn connect(name: &str, settings: &S3Spec) -> Result<Self, DataError> {
+    fn connect(name: &str, settings: &S3Spec, purpose: Purpose) -> Result<Self, DataError> {
         let endpoint = settings
             .endpoint
             .clone()
@@ -367,7 +444,7 @@ impl Bucket {
                 .with_allow_http(e.starts_with("http://"));
         }
         let store = builder.build().map_err(|e| DataError::Config(format!("s3://{name} on {place}: {e}")))?;
-        Ok(Self { name: name.to_owned(), store: Arc::new(store), place, credentials })
+        Ok(Self { name: name.to_owned(), store: Arc::new(store), place, credentials, purpose })
     }
 
     fn url(&self, key: &Key) -> String {
@@ -402,27 +479,33 @@ impl Bucket {
             || text.contains("403 Forbidden");
         let what = if code == "NoSuchBucket" {
             format!(
-                "bucket {} does not exist on {}: create it, or correct the bucket in data.path (and data.s3.endpoint)",
-                self.name, self.place
+                "bucket {} does not exist on {}: create it, or correct the bucket in {} (and {})",
+                self.name,
+                self.place,
+                self.purpose.location(),
+                self.purpose.endpoint()
             )
         } else if denied {
             format!(
-                "access denied by {} with {}: check that the credentials are right and allow s3:ListBucket and \
-                 s3:GetObject on bucket {}",
-                self.place, self.credentials, self.name
+                "access denied by {} with {}: check that the credentials are right and allow {} on bucket {}",
+                self.place,
+                self.credentials,
+                self.purpose.permissions(),
+                self.name
             )
         } else if matches!(e, object_store::Error::NotFound { .. }) || code == "NoSuchKey" {
-            format!("no object {url} on {}: check data.path", self.place)
+            format!("no object {url} on {}: check {}", self.place, self.purpose.location())
         } else if text.contains("error sending request")
             || text.contains("onnect")
             || text.contains("dns error")
             || text.contains("timed out")
         {
             format!(
-                "cannot reach {} (retried for up to {} s): check data.s3.endpoint (or AWS_ENDPOINT_URL), the \
-                 network and that the store is up",
+                "cannot reach {} (retried for up to {} s): check {} (or AWS_ENDPOINT_URL), the network and that \
+                 the store is up",
                 self.place,
-                RETRY_TIMEOUT.as_secs()
+                RETRY_TIMEOUT.as_secs(),
+                self.purpose.endpoint()
             )
         } else {
             format!("the request to {} failed", self.place)

@@ -30,7 +30,8 @@ use tandem_api::contract::JobConfig;
 
 use super::state::Snapshot;
 use crate::compute::checkpoint::{MAX_COUNT, config_hash};
-use crate::compute::data::DataCursor;
+use crate::compute::data::{DataCursor, DataError};
+use crate::compute::mirror::Mirror;
 use crate::compute::optim::OptimizerState;
 use crate::ps::wire::Progress;
 use crate::util::fs::{self, Newest};
@@ -51,6 +52,9 @@ pub enum CheckpointError {
         /// Cause.
         source: std::io::Error,
     },
+    /// Copying to or from object storage (`training.checkpoint.url`) failed.
+    #[error("PS checkpoints in object storage: {0}")]
+    Mirror(#[source] DataError),
     /// Reading the folder failed.
     #[error("cannot read PS checkpoint folder {path}: {source}")]
     Read {
@@ -374,6 +378,7 @@ pub struct Store {
     dir: PathBuf,
     index: u32,
     job: JobIdentity,
+    mirror: Option<Mirror>,
 }
 
 impl Store {
@@ -387,7 +392,24 @@ impl Store {
             }
             Err(source) => return Err(CheckpointError::Read { path: dir, source }),
         }
-        Ok(Self { dir, index, job })
+        Ok(Self { dir, index, job, mirror: None })
+    }
+
+    /// Keeps the shard's checkpoints in `mirror` too (`training.checkpoint.url`): those only the
+    /// object store holds are copied into the folder now (a PS rescheduled to another node, a job
+    /// re-created), and the folder is copied there after every save.
+    pub fn mirrored(mut self, mirror: Option<Mirror>) -> Result<Self, CheckpointError> {
+        if let Some(m) = &mirror {
+            let index = self.index;
+            let restored = m
+                .restore(&self.dir, |name| parse_name(name, index).is_some())
+                .map_err(CheckpointError::Mirror)?;
+            if restored > 0 {
+                tracing::info!(dir = %self.dir.display(), shard = index, restored, "restored checkpoints from object storage");
+            }
+        }
+        self.mirror = mirror;
+        Ok(self)
     }
 
     /// The folder.
@@ -408,6 +430,9 @@ impl Store {
         let index = snapshot.index;
         // Pruning is best effort: a file left over costs disk, not correctness.
         let _ = fs::keep_newest(&self.dir, KEEP, |name| parse_name(name, index));
+        if let Some(m) = &self.mirror {
+            m.push(&self.dir, |name| parse_name(name, index).is_some()).map_err(CheckpointError::Mirror)?;
+        }
         Ok(path)
     }
 
