@@ -277,11 +277,10 @@ async fn an_allreduce_jobs_progress_reaches_its_status_and_a_stopped_rank_stalls
     })
     .await;
     let table = kubectl(&["-n", ns.name(), "get", "tj", "arstall"]);
-    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
-    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
-    let column =
-        header.iter().position(|h| *h == "STEP").unwrap_or_else(|| panic!("no STEP column:\n{table}"));
-    let shown: u64 = row.get(column).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // Columns are left-aligned under their headers (an empty one, such as STALLED, is blank).
+    let (header, row) = (table.lines().next().unwrap_or_default(), table.lines().nth(1).unwrap_or_default());
+    let column = header.find(" STEP ").unwrap_or_else(|| panic!("no STEP column:\n{table}")) + 1;
+    let shown: u64 = row.get(column..).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
     assert!(shown >= step, "kubectl get tj shows step {shown}, status.progress had {step}:\n{table}");
 
     // Rank 1 stopped: rank 0 waits in the allreduce, and no step advances (its collective timeout,
@@ -817,13 +816,8 @@ async fn a_deleted_and_recreated_job_resumes_from_its_checkpoints_in_a_bucket() 
         log.contains("resumed from checkpoint").then_some(log)
     })
     .await;
-    let line = log.lines().find(|l| l.contains("resumed from checkpoint")).unwrap();
-    let step: u64 = line
-        .split("step=")
-        .nth(1)
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(step >= newest, "resumed at step {step}, but the bucket held step {newest}: {line}");
+    let step = logged_number(&log, "resumed from checkpoint", "step").unwrap_or(0);
+    assert!(step >= newest, "resumed at step {step}, but the bucket held step {newest}:\n{log}");
     ns.cleanup().await.unwrap();
 }
+
