@@ -86,9 +86,19 @@ pub const PS_PORT: u16 = 7070;
 pub const WORKER_PORT: u16 = 7071;
 /// Port of a parameter server's HTTP status endpoint in a pod (see [`PsStatus`]).
 pub const STATUS_PORT: u16 = 7072;
-/// Path of the status endpoint: `GET` with `Authorization: Bearer <job token>` answers a
+/// Path of the status endpoint: `GET` with a proof of the job token ([`status_auth`]) answers a
 /// [`PsStatus`] as JSON.
 pub const STATUS_PATH: &str = "/status";
+/// Path of a PS replica 0's group count: `POST /groups?count=<n>`, signed as a `GET` of
+/// [`STATUS_PATH`] is ([`status_auth`], method `POST`, the target with its query), tells shard 0
+/// the job's group count at once (the operator sends it when `workers.groups` changed), instead
+/// of when the kubelet refreshes the mounted job config. Answers 204.
+pub const GROUPS_PATH: &str = "/groups";
+
+/// The request target of [`GROUPS_PATH`] for `count` groups.
+pub fn groups_target(count: u32) -> String {
+    format!("{GROUPS_PATH}?count={count}")
+}
 /// File name of the job config inside the job ConfigMap.
 pub const CONFIG_FILE: &str = "job.json";
 /// Key of the token inside the job Secret.
@@ -142,6 +152,10 @@ pub struct PsStatus {
     /// The job's progress as the groups reported it; `None` before the first report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<crate::job::Progress>,
+    /// Shard 0: the group count its next epoch plan splits the data among (the job config's, or
+    /// the last one posted to [`GROUPS_PATH`]); `None` from other shards and other endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_groups: Option<u32>,
 }
 
 /// What a process does in the job.

@@ -821,3 +821,38 @@ async fn a_deleted_and_recreated_job_resumes_from_its_checkpoints_in_a_bucket() 
     ns.cleanup().await.unwrap();
 }
 
+/// The `groups=` of each "epoch plan fixed" line of `log` after the first line holding `marker`.
+fn epochs_planned_after(log: &str, marker: &str) -> Vec<u64> {
+    log.lines()
+        .skip_while(|l| !l.contains(marker))
+        .filter(|l| l.contains("epoch plan fixed"))
+        .filter_map(|l| l.split("groups=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Scaling down reaches PS 0 at once: the operator posts the new group count to its status
+/// endpoint, instead of leaving it to the mounted job config, which this node's real kubelet
+/// refreshes up to a minute later. Every epoch planned after that splits the data among the
+/// groups that remain, so no share goes to the group that left.
+#[tokio::test]
+async fn scaling_down_reaches_ps_0_at_once_and_later_epochs_split_among_the_groups_left() {
+    let mut manifest = example("mnist-hybrid.yaml", "shrink", 1);
+    let training = manifest["spec"]["training"].as_object_mut().unwrap();
+    training.remove("steps");
+    training.insert("epochs".to_owned(), 40.into());
+    manifest["spec"]["workers"]["groups"] = 3.into();
+    let (_cluster, ns) = start("shrink", manifest).await;
+    wait_training(&ns, "shrink-g2-0").await;
+    kubectl(&["-n", ns.name(), "scale", "tj/shrink", "--replicas=2"]);
+    let marker = "group count set by the operator";
+    let log = wait_for("PS 0 to hear the new group count and plan two more epochs", JOB_DEADLINE, || async {
+        let log = log_of(&ns, "shrink-ps-0", false).await;
+        (epochs_planned_after(&log, marker).len() >= 2).then_some(log)
+    })
+    .await;
+    let told = log.lines().find(|l| l.contains(marker)).unwrap();
+    assert!(told.contains("groups=2"), "{told}");
+    let planned = epochs_planned_after(&log, marker);
+    assert!(planned.iter().all(|&g| g == 2), "epochs planned after the scale-down: {planned:?}\n{log}");
+    ns.cleanup().await.unwrap();
+}

@@ -703,7 +703,9 @@ async fn write_status(
 /// last progress stays in the status).
 async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod]) -> Option<Progress> {
     let name = job.name;
-    let running = job.job.status.as_ref().and_then(|s| s.phase) == Some(JobPhase::Running);
+    let phase = job.job.status.as_ref().and_then(|s| s.phase);
+    // A scaling job trains on: its progress, and its new group count, matter then most.
+    let running = matches!(phase, Some(JobPhase::Running | JobPhase::Scaling));
     if !running {
         ctx.tokens.forget(job.uid);
         return None;
@@ -725,13 +727,40 @@ async fn read_progress(job: &ValidatedJob<'_>, ctx: &Context, pods: &[Pod]) -> O
         }
     };
     match progress::fetch(addr, &token).await {
-        Ok(ps) => progress::furthest(ps.progress, left),
+        Ok(ps) => {
+            announce_groups(job, addr, &token, ps.planned_groups).await;
+            progress::furthest(ps.progress, left)
+        }
         Err(e) => {
             if e.is_unauthorized() {
                 ctx.tokens.forget(job.uid);
             }
             tracing::debug!(job = %name, error = %e, "cannot read progress; keeping the last one");
             left
+        }
+    }
+}
+
+/// Tells PS replica 0 at `addr` the job's group count when the count it plans epochs with
+/// (`planned`, from its status) differs: the mounted job config reaches it only when the kubelet
+/// refreshes the file, up to a minute later, and epochs planned meanwhile would count a group
+/// that left (or miss one that came). A failure is logged at debug; the next poll tries again.
+async fn announce_groups(
+    job: &ValidatedJob<'_>,
+    addr: std::net::SocketAddr,
+    token: &str,
+    planned: Option<u32>,
+) {
+    let groups = job.spec.workers.groups;
+    if job.progress_from_groups() || planned.is_none_or(|p| p == groups) {
+        return;
+    }
+    match progress::post_groups(addr, token, groups).await {
+        Ok(()) => {
+            tracing::info!(job = %job.name, groups, planned = ?planned, "told PS 0 the job's group count")
+        }
+        Err(e) => {
+            tracing::debug!(job = %job.name, groups, error = %e, "cannot tell PS 0 the group count; retrying at the next poll")
         }
     }
 }
@@ -856,7 +885,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     let observed =
         Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
     let mut plan = plan::decide(job, &observed, &ctx.settings);
-    if plan.status.phase == Some(JobPhase::Running) {
+    if matches!(plan.status.phase, Some(JobPhase::Running | JobPhase::Scaling)) {
         plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
     }
 

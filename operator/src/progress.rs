@@ -85,12 +85,25 @@ impl FetchError {
 
 /// `GET /status` from `addr` with the job token, within [`FETCH_TIMEOUT`].
 pub async fn fetch(addr: SocketAddr, token: &str) -> Result<PsStatus, FetchError> {
-    tokio::time::timeout(FETCH_TIMEOUT, fetch_unbounded(addr, token))
+    let body = tokio::time::timeout(FETCH_TIMEOUT, exchange(addr, token, "GET", contract::STATUS_PATH))
         .await
-        .unwrap_or(Err(FetchError::TimedOut { addr }))
+        .unwrap_or(Err(FetchError::TimedOut { addr }))?;
+    serde_json::from_slice::<PsStatus>(&body).map_err(|e| FetchError::Body { addr, message: e.to_string() })
 }
 
-async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, FetchError> {
+/// `POST /groups?count=<groups>` to PS replica 0 at `addr` with the job token, within
+/// [`FETCH_TIMEOUT`]: the job's group count, which shard 0 plans the next epochs with
+/// ([`contract::GROUPS_PATH`]).
+pub async fn post_groups(addr: SocketAddr, token: &str, groups: u32) -> Result<(), FetchError> {
+    let target = contract::groups_target(groups);
+    tokio::time::timeout(FETCH_TIMEOUT, exchange(addr, token, "POST", &target))
+        .await
+        .unwrap_or(Err(FetchError::TimedOut { addr }))
+        .map(drop)
+}
+
+/// One signed request, `method target`, to `addr`; the body of a 2xx answer.
+async fn exchange(addr: SocketAddr, token: &str, method: &str, target: &str) -> Result<Bytes, FetchError> {
     let unreachable = |message: String| FetchError::Unreachable { addr, message };
     let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -98,53 +111,51 @@ async fn fetch_unbounded(addr: SocketAddr, token: &str) -> Result<PsStatus, Fetc
         .map_err(|e| unreachable(e.to_string()))?;
     // The connection task ends with the connection (the server closes after one answer).
     let driver = tokio::spawn(connection);
-    let request = hyper::Request::get(contract::STATUS_PATH)
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(target)
         .header(hyper::header::HOST, addr.to_string())
-        .header(
-            hyper::header::AUTHORIZATION,
-            authorization(token, contract::STATUS_PATH).map_err(unreachable)?,
-        )
+        .header(hyper::header::AUTHORIZATION, authorization(token, method, target).map_err(unreachable)?)
         .body(Empty::<Bytes>::new())
         .map_err(|e| unreachable(e.to_string()))?;
     let result = async {
         let response = sender.send_request(request).await.map_err(|e| unreachable(e.to_string()))?;
         let code = response.status().as_u16();
-        if code != 200 {
+        if !(200..300).contains(&code) {
             let hint = match code {
                 401 => ": the job token was refused (the token Secret and the PS disagree)",
-                404 => ": this PS has no status endpoint (an older trainer image?)",
+                404 => ": this PS does not serve this path (an older trainer image, or not replica 0?)",
+                405 => ": this PS does not take this method (an older trainer image?)",
                 _ => "",
             };
             return Err(FetchError::Refused { addr, code, hint });
         }
-        let body = Limited::new(response.into_body(), MAX_BODY)
+        Limited::new(response.into_body(), MAX_BODY)
             .collect()
             .await
-            .map_err(|e| FetchError::Body { addr, message: e.to_string() })?
-            .to_bytes();
-        serde_json::from_slice::<PsStatus>(&body)
             .map_err(|e| FetchError::Body { addr, message: e.to_string() })
+            .map(|body| body.to_bytes())
     }
     .await;
     driver.abort();
     result
 }
 
-/// The `Authorization` value of a `GET` of `target` now: a [`status_auth`] proof of `token`.
-fn authorization(token: &str, target: &str) -> Result<String, String> {
+/// The `Authorization` value of `method target` now: a [`status_auth`] proof of `token`.
+fn authorization(token: &str, method: &str, target: &str) -> Result<String, String> {
     use ring::rand::SecureRandom;
     let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut nonce = [0u8; status_auth::NONCE_HEX_LEN / 2];
     ring::rand::SystemRandom::new()
         .fill(&mut nonce)
         .map_err(|_| "no random nonce from the system to sign the request".to_owned())?;
-    Ok(signed(token, target, unix, &hex(&nonce)))
+    Ok(signed(token, method, target, unix, &hex(&nonce)))
 }
 
-/// [`status_auth::header`] for `token`, `target`, `unix` seconds and `nonce`.
-fn signed(token: &str, target: &str, unix: u64, nonce: &str) -> String {
+/// [`status_auth::header`] for `token`, `method target`, `unix` seconds and `nonce`.
+fn signed(token: &str, method: &str, target: &str, unix: u64, nonce: &str) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes());
-    let mac = ring::hmac::sign(&key, &status_auth::message("GET", target, unix, nonce));
+    let mac = ring::hmac::sign(&key, &status_auth::message(method, target, unix, nonce));
     status_auth::header(unix, nonce, &hex(mac.as_ref()))
 }
 
@@ -257,7 +268,7 @@ mod tests {
     fn the_request_is_signed_as_tandem_ps_checks_it() {
         // The same vector the trainer's status endpoint checks (trainer/src/ps/server/http.rs).
         let header =
-            signed("ps-test-token-7f3a", "/status", 1_700_000_000, "00112233445566778899aabbccddeeff");
+            signed("ps-test-token-7f3a", "GET", "/status", 1_700_000_000, "00112233445566778899aabbccddeeff");
         assert_eq!(
             header,
             "Tandem-HMAC ts=1700000000, nonce=00112233445566778899aabbccddeeff, \

@@ -145,6 +145,7 @@ impl Reading {
                 version: self.last.map_or(0, |p| p.step),
                 member_groups: 1,
                 progress,
+                planned_groups: None,
             },
             group: self.group,
             lines: self.lines,
@@ -193,7 +194,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = writeln!(stdout, "status on {at}");
         let _ = stdout.flush();
         let (query, queries) = mpsc::channel(16);
-        let server = tokio::spawn(http::serve(listener, Arc::from(token), query, Health::default()));
+        let server = tokio::spawn(http::serve(listener, Arc::from(token), query, None, Health::default()));
         let reading =
             follow(file, Reading::new(group, replicas), queries, super::ps::shutdown_signal()).await;
         server.abort();

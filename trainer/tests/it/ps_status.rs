@@ -284,3 +284,62 @@ fn the_request_head_limit_is_exactly_as_documented() {
     assert_eq!(raw(&ps.status, &head(limit + 1)).0, 431);
     let _ = &ps.addr;
 }
+
+/// The `Authorization` value proving `token` for `method target` now.
+fn signed_for(token: &str, method: &str, target: &str) -> String {
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let nonce = hex(&random_bytes::<16>().unwrap());
+    let mac = hmac(token.as_bytes(), &[&status_auth::message(method, target, unix, &nonce)]);
+    status_auth::header(unix, &nonce, &hex(&mac))
+}
+
+fn post(addr: &str, target: &str, authorization: Option<String>) -> (u16, String) {
+    let auth = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+    raw(addr, format!("POST {target} HTTP/1.1\r\nHost: ps\r\n{auth}Content-Length: 0\r\n\r\n").as_bytes())
+}
+
+/// When `workers.groups` changes, the operator posts the new count to shard 0
+/// (`POST /groups?count=<n>`): the next epoch is planned with it at once, and the mounted job
+/// config — which a kubelet refreshes up to a minute later — no longer overrides it.
+#[test]
+fn a_posted_group_count_plans_the_next_epochs_before_the_mounted_config_says_it() {
+    let mut spec = serde_json::json!({
+        "training": {"algorithm": "ps-sync", "steps": 1000, "optimizer": {"kind": "sgd", "learningRate": 1.0}},
+        "parameterServers": {"replicas": 1},
+        "workers": {"groups": 3, "minGroups": 1, "maxGroups": 4}
+    });
+    spec["training"]["checkpoint"] = serde_json::json!({"everySteps": 0});
+    let job = Job::with_spec(spec);
+    let ps = spawn_ps_with_status(&job);
+    let mut worker = job.worker(std::slice::from_ref(&ps.addr), 0, 0, 8);
+    worker.init(0, &[0.5; 8]).unwrap();
+    worker.join().unwrap();
+    assert_eq!(worker.epochs(0).unwrap(), vec![3], "epoch 0 from the job config");
+
+    let target = tandem_api::contract::groups_target(2);
+    // Only a proof of the token over this method and target is taken.
+    let (code, body) = post(&ps.status, &target, None);
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = post(&ps.status, &target, Some(signed_for(TOKEN, "GET", &target)));
+    assert_eq!(code, 401, "a GET's proof: {body}");
+    assert!(body.contains("does not match"), "{body}");
+    let (code, body) = get(&ps.status, &target, Some(TOKEN));
+    assert_eq!(code, 405, "{body}");
+    assert!(body.contains("only POST"), "{body}");
+    for bad in ["/groups", "/groups?count=0", "/groups?count=two", "/groups?count=5000"] {
+        let (code, body) = post(&ps.status, bad, Some(signed_for(TOKEN, "POST", bad)));
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(body.contains("count=<n>"), "{body}");
+    }
+    let (code, body) = post(&ps.status, &target, Some(signed_for(TOKEN, "POST", &target)));
+    assert_eq!(code, 204, "{body}");
+
+    let (code, body) = get(&ps.status, "/status", Some(TOKEN));
+    assert_eq!(code, 200, "{body}");
+    let status: PsStatus = serde_json::from_str(&body).unwrap();
+    assert_eq!(status.planned_groups, Some(2), "{body}");
+    // The file still says 3 groups: the posted count plans the next epochs.
+    assert_eq!(worker.epochs(2).unwrap(), vec![3, 2, 2]);
+    let log = std::fs::read_to_string(job.dir.path().join("ps-status.log")).unwrap();
+    assert!(log.contains("group count set by the operator"), "{log}");
+}

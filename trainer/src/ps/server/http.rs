@@ -11,6 +11,11 @@
 //!   [`tandem_api::contract::PsStatus`] as JSON, plus the shard's `mode`, `ready`, `groups`,
 //!   `refused` and `waitingPulls`;
 //! - `GET /metrics` with the same proof: the same numbers in Prometheus text format;
+//! - `POST /groups?count=<n>` with the same proof (over method `POST` and the target with its
+//!   query), on shard 0 only: the job's group count, which the next epoch plan splits the data
+//!   among ([`tandem_api::contract::GROUPS_PATH`]); 204 once the shard took it, 400 for a count
+//!   that is not a whole number from 1 to [`MAX_GROUPS`], 404 from a server without an epoch
+//!   plan;
 //! - `GET /healthz`: 200 `ok`, without a token (a probe that learns nothing), or 503 with the
 //!   reason once the shard task has failed;
 //! - a missing, wrong, stale or replayed proof (or a bearer token, which this endpoint no longer
@@ -40,7 +45,7 @@ use super::state::{GroupStatus, ShardStatus};
 use crate::ps::wire::Progress;
 use crate::util::token::{hex, hmac, same_bytes};
 use tandem_api::PsMode;
-use tandem_api::contract::{PsStatus, STATUS_PATH, status_auth};
+use tandem_api::contract::{GROUPS_PATH, PsStatus, STATUS_PATH, status_auth};
 
 /// Largest request head (request line and headers, with the blank line that ends them) read, in
 /// bytes: one byte more is answered 431.
@@ -144,6 +149,7 @@ impl StatusDocument {
             version: status.version,
             member_groups: status.groups.iter().filter(|g| g.member).count() as u32,
             progress,
+            planned_groups: status.planned_groups,
         };
         Self {
             summary,
@@ -225,9 +231,20 @@ impl StatusDocument {
 
 /// How the endpoint asks the document's owner (the shard) for a document.
 pub type Query<D = StatusDocument> = mpsc::Sender<oneshot::Sender<D>>;
+/// How the endpoint hands a posted group count to shard 0, which answers once it took it.
+pub type Orders = mpsc::Sender<(u32, oneshot::Sender<()>)>;
+/// Largest group count `POST /groups` takes (the CRD's bound on the worker pods).
+pub const MAX_GROUPS: u32 = 4096;
 
-/// Serves `listener` until the task is dropped or aborted; `/healthz` reports `health`.
-pub async fn serve<D: Document>(listener: StatusListener, token: Arc<str>, query: Query<D>, health: Health) {
+/// Serves `listener` until the task is dropped or aborted; `/healthz` reports `health`; a posted
+/// group count goes to `orders` (`None`: `/groups` is not served).
+pub async fn serve<D: Document>(
+    listener: StatusListener,
+    token: Arc<str>,
+    query: Query<D>,
+    orders: Option<Orders>,
+    health: Health,
+) {
     let admission = Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
     let seen = Arc::new(Mutex::new(Nonces::default()));
     loop {
@@ -243,6 +260,7 @@ pub async fn serve<D: Document>(listener: StatusListener, token: Arc<str>, query
         let cx = Endpoint {
             token: token.clone(),
             query: query.clone(),
+            orders: orders.clone(),
             health: health.clone(),
             seen: seen.clone(),
         };
@@ -265,6 +283,7 @@ pub async fn serve<D: Document>(listener: StatusListener, token: Arc<str>, query
 struct Endpoint<D> {
     token: Arc<str>,
     query: Query<D>,
+    orders: Option<Orders>,
     health: Health,
     seen: Arc<Mutex<Nonces>>,
 }
@@ -383,10 +402,13 @@ async fn answer<D: Document>(
         "/healthz" => Route::Health,
         STATUS_PATH => Route::Status,
         "/metrics" => Route::Metrics,
+        GROUPS_PATH => Route::Groups,
         _ => return respond(&mut stream, 404, "text/plain", "not found: try GET /status\n").await,
     };
-    if request.method != "GET" {
-        return respond(&mut stream, 405, "text/plain", "only GET is served\n").await;
+    let method = if route == Route::Groups { "POST" } else { "GET" };
+    if request.method != method {
+        let why = format!("only {method} is served on {path}\n");
+        return respond_with(&mut stream, 405, "text/plain", &why, &format!("Allow: {method}\r\n")).await;
     }
     if route == Route::Health {
         return match cx.health.failure() {
@@ -396,6 +418,9 @@ async fn answer<D: Document>(
     }
     if let Some(why) = refuse_auth(&request, &cx.token, &cx.seen, unix_now()) {
         return respond(&mut stream, 401, "text/plain", &why).await;
+    }
+    if route == Route::Groups {
+        return post_groups(&mut stream, &request, cx.orders.as_ref()).await;
     }
     let (tx, rx) = oneshot::channel();
     let document = match cx.query.try_send(tx) {
@@ -421,6 +446,42 @@ enum Route {
     Health,
     Status,
     Metrics,
+    Groups,
+}
+
+/// `POST /groups?count=<n>`, its proof checked: hands the count to the shard and answers 204 once
+/// it took it.
+async fn post_groups(
+    stream: &mut TcpStream,
+    request: &Request,
+    orders: Option<&Orders>,
+) -> std::io::Result<()> {
+    let Some(orders) = orders else {
+        return respond(stream, 404, "text/plain", "this server holds no epoch plan: post to PS replica 0\n")
+            .await;
+    };
+    let Some(count) = group_count(&request.path) else {
+        let why = format!(
+            "send the group count as {GROUPS_PATH}?count=<n>, n a whole number from 1 to {MAX_GROUPS}\n"
+        );
+        return respond(stream, 400, "text/plain", &why).await;
+    };
+    let (tx, rx) = oneshot::channel();
+    let taken = match orders.try_send((count, tx)) {
+        Ok(()) => tokio::time::timeout(QUERY_TIMEOUT, rx).await.is_ok_and(|r| r.is_ok()),
+        Err(_) => false,
+    };
+    if !taken {
+        return respond(stream, 503, "text/plain", "the server is busy or stopping; retry\n").await;
+    }
+    respond(stream, 204, "text/plain", "").await
+}
+
+/// The `count` of a `/groups?count=<n>` target, if it is a whole number in `1..=MAX_GROUPS`.
+fn group_count(target: &str) -> Option<u32> {
+    let query = target.split_once('?')?.1;
+    let value = query.split('&').find_map(|pair| pair.strip_prefix("count="))?;
+    value.parse().ok().filter(|n| (1..=MAX_GROUPS).contains(n))
 }
 
 /// Reads up to the blank line that ends the head; refuses heads over [`MAX_HEAD`], its blank line
@@ -483,8 +544,20 @@ fn parse_head(head: &[u8]) -> Option<Request> {
 }
 
 async fn respond(stream: &mut TcpStream, code: u16, content_type: &str, body: &str) -> std::io::Result<()> {
+    respond_with(stream, code, content_type, body, "").await
+}
+
+/// [`respond`] with `extra` header lines (each ending in `\r\n`).
+async fn respond_with(
+    stream: &mut TcpStream,
+    code: u16,
+    content_type: &str,
+    body: &str,
+    extra: &str,
+) -> std::io::Result<()> {
     let reason = match code {
         200 => "OK",
+        204 => "No Content",
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
@@ -493,16 +566,18 @@ async fn respond(stream: &mut TcpStream, code: u16, content_type: &str, body: &s
         431 => "Request Header Fields Too Large",
         _ => "Service Unavailable",
     };
-    let mut extra = String::new();
+    let mut extra = extra.to_owned();
     if code == 401 {
         extra.push_str(&format!("WWW-Authenticate: {}\r\n", status_auth::SCHEME));
     }
-    if code == 405 {
-        extra.push_str("Allow: GET\r\n");
-    }
+    // A 204 has no body, and says nothing of one.
+    let content = if code == 204 {
+        String::new()
+    } else {
+        format!("Content-Type: {content_type}\r\nContent-Length: {}\r\n", body.len())
+    };
     let head = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n{extra}\r\n",
-        body.len()
+        "HTTP/1.1 {code} {reason}\r\n{content}Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n"
     );
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
@@ -620,6 +695,7 @@ mod tests {
             refused: 0,
             waiting_pulls: 0,
             epochs: Vec::new(),
+            planned_groups: Some(1),
         };
         let json = serde_json::to_string(&StatusDocument::new(status, Some(1500.0))).unwrap();
         assert!(json.contains(r#""accuracy":0.944,"#) || json.contains(r#""accuracy":0.944}"#), "{json}");

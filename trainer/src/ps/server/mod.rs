@@ -140,6 +140,8 @@ enum Event {
     Wire(SessionId, WireError),
     Disconnected(SessionId),
     Status(oneshot::Sender<StatusDocument>),
+    /// The job's group count, posted to shard 0's status endpoint (by the operator).
+    PlanGroups(u32, oneshot::Sender<()>),
     Shutdown,
     /// Makes the shard task panic (tests of its supervision).
     #[cfg(test)]
@@ -221,8 +223,21 @@ impl Server {
                     }
                 }
             });
+            // Shard 0 holds the epoch plan, and takes the job's group count on `/groups`.
+            let orders = (config.shard.index == 0).then(|| {
+                let (orders_tx, mut orders_rx) = mpsc::channel::<(u32, oneshot::Sender<()>)>(4);
+                let events = events_tx.clone();
+                tokio::spawn(async move {
+                    while let Some((count, reply)) = orders_rx.recv().await {
+                        if events.send(Event::PlanGroups(count, reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                orders_tx
+            });
             let token: Arc<str> = config.shard.token.as_str().into();
-            (tokio::spawn(http::serve(listener, token, query_tx, health.clone())), forward)
+            (tokio::spawn(http::serve(listener, token, query_tx, orders, health.clone())), forward)
         });
         started(&events_tx, &health);
         let context = Arc::new(Context {
@@ -346,6 +361,9 @@ async fn actor(
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
     let mut meter = Throughput::default();
     let mut counted = 0;
+    // Once the operator posted the group count, it is the count's source: the mounted config
+    // lags behind it by as long as the kubelet takes to refresh the file.
+    let mut posted = false;
     while let Some(event) = events.recv().await {
         let refused = admission.refused();
         state.add_refused(refused - counted);
@@ -376,10 +394,23 @@ async fn actor(
                 state.handle(s, frame)
             }
             Event::Frame(s, frame @ Frame::GetEpochs { .. }) => {
-                if let Some(groups) = job_config.as_deref().and_then(planned_groups) {
+                if !posted && let Some(groups) = job_config.as_deref().and_then(planned_groups) {
                     state.set_planned_groups(groups);
                 }
                 state.handle(s, frame)
+            }
+            Event::PlanGroups(groups, reply) => {
+                posted = true;
+                if state.planned_groups() != groups {
+                    tracing::info!(
+                        shard = state.config().index,
+                        groups,
+                        "group count set by the operator: epochs planned from now on split the data among these groups"
+                    );
+                }
+                state.set_planned_groups(groups);
+                let _ = reply.send(());
+                Vec::new()
             }
             Event::Frame(s, frame) => state.handle(s, frame),
             Event::Wire(s, error) => state.refuse_wire(s, &error),
@@ -734,8 +765,13 @@ mod tests {
         let addr = status.local_addr().unwrap();
         let health = Health::default();
         let (query, _queries) = mpsc::channel(1);
-        let serve =
-            tokio::spawn(http::serve::<http::StatusDocument>(status, "t".into(), query, health.clone()));
+        let serve = tokio::spawn(http::serve::<http::StatusDocument>(
+            status,
+            "t".into(),
+            query,
+            None,
+            health.clone(),
+        ));
         assert!(get(addr, "/healthz").await.ends_with("\r\n\r\nok\n"));
         health.fail("the shard task failed: it panicked".into());
         let answer = get(addr, "/healthz").await;

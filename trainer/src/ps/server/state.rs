@@ -350,6 +350,9 @@ pub struct ShardStatus {
     /// The epoch plan fixed so far (shard 0): groups that split each epoch's data, epoch 0 first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub epochs: Vec<u32>,
+    /// Shard 0: the group count the next epoch is planned with.
+    #[serde(skip)]
+    pub planned_groups: Option<u32>,
 }
 
 /// One shard's protocol state. See the module documentation for its guarantees.
@@ -562,6 +565,7 @@ impl ShardState {
             progress,
             refused: self.refused,
             waiting_pulls: self.waiting.len(),
+            planned_groups: (self.config.index == 0).then_some(self.planned_groups),
             epochs: self.epochs.clone(),
         }
     }
@@ -570,6 +574,11 @@ impl ShardState {
     /// of the next epoch plan fixed.
     pub fn set_planned_groups(&mut self, groups: u32) {
         self.planned_groups = groups.max(1);
+    }
+
+    /// The group count the next epoch is planned with ([`ShardState::set_planned_groups`]).
+    pub fn planned_groups(&self) -> u32 {
+        self.planned_groups
     }
 
     /// A new connection, challenged with `nonce` (fresh random bytes from the driver): the
