@@ -774,9 +774,20 @@ async fn publish(reference: &ObjectReference, ctx: &Context, warning: bool, reas
         action: "Reconcile".to_owned(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, reference).await {
-        tracing::warn!(job = ?reference.name, error = %e, "cannot publish event");
+    match ctx.recorder.publish(&event, reference).await {
+        Ok(()) => {}
+        // The job goes with its namespace; its last Events have no one left to read them.
+        Err(e) if namespace_terminating(&e) => {
+            tracing::debug!(job = ?reference.name, reason, "namespace being deleted; event dropped")
+        }
+        Err(e) => tracing::warn!(job = ?reference.name, error = %e, "cannot publish event"),
     }
+}
+
+/// Whether the API server refused a write because its namespace is being deleted.
+fn namespace_terminating(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403
+        && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")))
 }
 
 /// A spec the operator cannot build: fail the job once, with the reason.
@@ -1092,6 +1103,25 @@ impl JobController {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_refused_for_a_namespace_being_deleted_is_told_apart_from_a_denial() {
+        // The body kube-apiserver answers an Event's creation in a terminating namespace.
+        let status = |cause: &str| {
+            let body = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403, "reason": "Forbidden",
+                "message": "events.events.k8s.io \"j.1\" is forbidden: unable to create new content in namespace n \
+                            because it is being terminated",
+                "details": {"name": "j.1", "group": "events.k8s.io", "kind": "events",
+                            "causes": [{"reason": cause, "message": "namespace n is being terminated",
+                                        "field": "metadata.namespace"}]},
+            });
+            kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
+        };
+        assert!(namespace_terminating(&status("NamespaceTerminating")));
+        // An RBAC denial (no such cause) is still a warning.
+        assert!(!namespace_terminating(&status("Other")));
+    }
 
     #[test]
     fn failed_reconciles_back_off_exponentially_up_to_five_minutes() {
