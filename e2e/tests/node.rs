@@ -466,6 +466,18 @@ fn logged_number(log: &str, message: &str, key: &str) -> Option<u64> {
     line.split(&format!("{key}=")).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
+/// The folder on this node of the claim `name` (local-path storage: a host path).
+async fn claim_dir(ns: &TestNamespace, name: &str) -> std::path::PathBuf {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let claim = ns.api::<PersistentVolumeClaim>().get(name).await.unwrap();
+    let volume =
+        claim.spec.and_then(|s| s.volume_name).unwrap_or_else(|| panic!("claim {name} is not bound"));
+    let pv = Api::<PersistentVolume>::all(ns.client()).get(&volume).await.unwrap();
+    let spec = pv.spec.unwrap_or_default();
+    let path = spec.host_path.map(|h| h.path).or_else(|| spec.local.map(|l| l.path));
+    path.unwrap_or_else(|| panic!("volume {volume} of claim {name} has no path on the node")).into()
+}
+
 /// The job's `status.progress.step`.
 async fn progress_step(ns: &TestNamespace, job: &str) -> Option<u64> {
     training_jobs(ns).get(job).await.ok()?.data.pointer("/status/progress/step")?.as_u64()
@@ -604,6 +616,17 @@ async fn a_users_pytorch_script_trains_through_the_operator_and_a_deleted_pod_re
     })
     .await;
     eprintln!("status.progress.step {seen} after {:?}", started.elapsed());
+    // status.progress is the lowest running group's; group 1, whose pod is deleted, may have
+    // started later: wait for its own progress file (on the claim's host folder) to pass a
+    // periodic checkpoint.
+    let dir = claim_dir(&ns, "ckpt").await;
+    let progress = dir.join("progress/group-1.0.jsonl");
+    wait_for("group 1 past step 100", JOB_DEADLINE, || async {
+        let text = std::fs::read_to_string(&progress).ok()?;
+        let last: Value = serde_json::from_str(text.lines().last()?).ok()?;
+        (last["step"].as_u64()? >= 100).then_some(())
+    })
+    .await;
     let before = uids(&ns, "ddp").await;
     let (log, code) = delete_and_observe(&ns, "ddp-g1-1").await;
     assert_eq!(code, Some(143), "the deleted rank's exit code; its log:\n{log}");
