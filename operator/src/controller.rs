@@ -145,6 +145,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// The API server's error underneath, if that is what failed.
+    pub fn kube_source(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Read { source, .. }
+            | Error::Apply { source, .. }
+            | Error::Delete { source, .. }
+            | Error::Status { source, .. }
+            | Error::PodGroup { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
     /// The fixed category of the error, used as the metrics label.
     pub fn category(&self) -> &'static str {
         match self {
@@ -944,6 +956,11 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
 /// Retries a failed reconcile after [`error_delay`] of the job's failures in a row; the error is
 /// logged with its category and the wait.
 pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.kube_source().is_some_and(namespace_terminating) {
+        // Its namespace is being deleted, and the job with it: nothing to retry.
+        tracing::debug!(job = %job.name_any(), error = %error, "namespace being deleted; the job goes with it");
+        return Action::await_change();
+    }
     let failures = ctx.failures.record(&job.uid().unwrap_or_default());
     let retry_in = error_delay(failures);
     tracing::warn!(
@@ -1119,6 +1136,9 @@ mod tests {
             kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
         };
         assert!(namespace_terminating(&status("NamespaceTerminating")));
+        // A child created as the namespace goes: the reconcile's error says so too.
+        let apply = Error::Apply { what: "Service j".into(), source: status("NamespaceTerminating") };
+        assert!(apply.kube_source().is_some_and(namespace_terminating));
         // An RBAC denial (no such cause) is still a warning.
         assert!(!namespace_terminating(&status("Other")));
     }
