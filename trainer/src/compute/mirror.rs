@@ -46,13 +46,8 @@ impl Mirror {
         Some(Self { local: output.to_owned(), remote })
     }
 
-    /// A mirror of `local` at `remote` (`s3://…`), reached with the settings already configured.
-    pub fn new(local: PathBuf, remote: PathBuf) -> Self {
-        Self { local, remote }
-    }
-
     /// The store's counterpart of the local folder `dir` (under the output folder).
-    pub fn remote_of(&self, dir: &Path) -> PathBuf {
+    fn remote_of(&self, dir: &Path) -> PathBuf {
         let relative = dir.strip_prefix(&self.local).unwrap_or(dir);
         let relative = relative.to_string_lossy();
         let relative = relative.trim_matches('/');

@@ -102,8 +102,7 @@ pub fn configure(settings: Option<&S3Spec>) {
 /// dropped.
 pub fn configure_bucket(location: &Path, settings: Option<&S3Spec>) {
     let url = location.to_string_lossy();
-    let rest = url.strip_prefix(SCHEME).unwrap_or(&url);
-    let name = rest.split_once('/').map_or(rest, |(name, _)| name).to_owned();
+    let name = split_url(&url).0.to_owned();
     let settings = settings.cloned().unwrap_or_default();
     let mut registry = registry();
     if registry.own.get(&name) != Some(&settings) {
@@ -305,11 +304,16 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The bucket name and the key of an `s3://<bucket>/<key>` URL (the key may be empty).
+fn split_url(url: &str) -> (&str, &str) {
+    let rest = url.strip_prefix(SCHEME).unwrap_or(url);
+    rest.split_once('/').unwrap_or((rest, ""))
+}
+
 /// The bucket of the URL `path` with its client, and the key (without a trailing slash).
 fn locate(path: &Path) -> Result<(Arc<Bucket>, Key), DataError> {
     let url = path.to_string_lossy();
-    let rest = url.strip_prefix(SCHEME).unwrap_or(&url);
-    let (name, key) = rest.split_once('/').unwrap_or((rest, ""));
+    let (name, key) = split_url(&url);
     let valid = (3..=63).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
     if !valid {
