@@ -58,6 +58,11 @@ pub mod env {
     /// container's termination message (optional, default [`super::TERMINATION_LOG`], written only
     /// when that file exists, as the kubelet makes it).
     pub const TERMINATION_LOG: &str = "TANDEM_TERMINATION_LOG";
+    /// Port of a process's Prometheus metrics (optional): unset means none are served (the local
+    /// runner's processes share one host), a number that port, `0` any free port. The operator
+    /// sets it to [`super::METRICS_PORT`] on every PS and worker pod. Read with
+    /// [`super::metrics_port`].
+    pub const METRICS_PORT: &str = "TANDEM_METRICS_PORT";
 }
 
 /// Default of [`env::PEER_TIMEOUT`]: every peer of a group reachable within this many seconds.
@@ -86,6 +91,13 @@ pub const PS_PORT: u16 = 7070;
 pub const WORKER_PORT: u16 = 7071;
 /// Port of a parameter server's HTTP status endpoint in a pod (see [`PsStatus`]).
 pub const STATUS_PORT: u16 = 7072;
+/// Port of a pod's Prometheus metrics, `GET /metrics` without a token (every PS and worker, and
+/// the progress sidecar of a group that runs the user's command); its container port is named
+/// [`METRICS_PORT_NAME`], which the chart's PodMonitor and the scrape config in
+/// `deploy/prometheus/` select.
+pub const METRICS_PORT: u16 = 7073;
+/// Name of the [`METRICS_PORT`] container port.
+pub const METRICS_PORT_NAME: &str = "metrics";
 /// Path of the status endpoint: `GET` with a proof of the job token ([`status_auth`]) answers a
 /// [`PsStatus`] as JSON.
 pub const STATUS_PATH: &str = "/status";
@@ -132,6 +144,19 @@ pub fn status_port(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<u16
             key: env::STATUS_PORT,
             value,
             expected: "a port number (0 for any free port) or `off`",
+        }),
+    }
+}
+
+/// The metrics port that [`env::METRICS_PORT`] asks for, read through `lookup`: `None` when unset
+/// or empty (no metrics endpoint).
+pub fn metrics_port(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<u16>, ContractError> {
+    match lookup(env::METRICS_PORT).filter(|v| !v.trim().is_empty()) {
+        None => Ok(None),
+        Some(value) => value.trim().parse().map(Some).map_err(|_| ContractError::Invalid {
+            key: env::METRICS_PORT,
+            value,
+            expected: "a port number (0 for any free port), or unset for no metrics endpoint",
         }),
     }
 }
@@ -520,5 +545,17 @@ mod tests {
         assert_eq!(with(Some(" 9000 ")), Ok(Some(9000)));
         assert_eq!(with(Some("off")), Ok(None));
         assert!(matches!(with(Some("70000")), Err(ContractError::Invalid { key: env::STATUS_PORT, .. })));
+    }
+
+    #[test]
+    fn metrics_port_is_off_unless_set_and_refuses_what_is_not_a_port() {
+        let with = |v: Option<&str>| metrics_port(|_| v.map(str::to_owned));
+        assert_eq!(with(None), Ok(None));
+        assert_eq!(with(Some(" ")), Ok(None));
+        assert_eq!(with(Some("7073")), Ok(Some(METRICS_PORT)));
+        assert_eq!(with(Some("0")), Ok(Some(0)));
+        let refused = with(Some("metrics")).unwrap_err();
+        assert!(matches!(refused, ContractError::Invalid { key: env::METRICS_PORT, .. }));
+        assert!(refused.to_string().contains("TANDEM_METRICS_PORT"), "{refused}");
     }
 }

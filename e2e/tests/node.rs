@@ -879,3 +879,152 @@ async fn scaling_down_reaches_ps_0_at_once_and_later_epochs_split_among_the_grou
     assert!(planned.iter().all(|&g| g == 2), "epochs planned after the scale-down: {planned:?}\n{log}");
     ns.cleanup().await.unwrap();
 }
+
+/// Debian's Prometheus, on this host, configured with the scrape job users add to theirs
+/// (`deploy/prometheus/scrape-trainingjobs.yaml`), discovering pods through the API server of
+/// `KUBECONFIG` and scraping them every second on the CNI bridge.
+struct NodePrometheus {
+    child: std::process::Child,
+    root: std::path::PathBuf,
+    api: String,
+}
+
+impl NodePrometheus {
+    fn start() -> NodePrometheus {
+        let root = std::env::temp_dir().join(format!("tandem-e2e-prometheus-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/scrape-trainingjobs.yaml");
+        let mut jobs: Value = serde_yaml::from_str(&std::fs::read_to_string(shipped).unwrap()).unwrap();
+        // Outside the cluster the discovery needs the API server's address and credentials.
+        let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG (e2e/node.sh sets it)");
+        jobs[0]["kubernetes_sd_configs"][0]["kubeconfig_file"] = kubeconfig.into();
+        let config = json!({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": jobs,
+        });
+        let config_file = root.join("prometheus.yml");
+        std::fs::write(&config_file, serde_yaml::to_string(&config).unwrap()).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = std::fs::File::create(root.join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config_file.display()))
+            .arg(format!("--storage.tsdb.path={}", root.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus runs (scripts/install-deps.sh installs Debian's package)");
+        let api = format!("http://127.0.0.1:{port}/api/v1");
+        NodePrometheus { child, root, api }
+    }
+
+    /// The result vector of the instant query `promql`, or why there is none.
+    fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", "--get", "--data-urlencode"])
+            .arg(format!("query={promql}"))
+            .arg(format!("{}/query", self.api))
+            .output()
+            .unwrap();
+        let body: Value = serde_json::from_slice(&out.stdout)
+            .map_err(|_| format!("no answer: {}", String::from_utf8_lossy(&out.stderr)))?;
+        if body["status"] != "success" {
+            return Err(format!("refused: {body}"));
+        }
+        Ok(body["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NodePrometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// `url` fetched with curl: the HTTP status code and the body.
+fn http_get(url: &str) -> (u16, String) {
+    let out =
+        Command::new("curl").args(["-sS", "--max-time", "5", "-w", "\n%{http_code}", url]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// Issue 42, item 2: a stock Prometheus, given the shipped scrape job, finds every PS and worker
+/// of a running job and scrapes their metrics without the job token (which still guards the
+/// status endpoint), labelled by job, role and group; and every panel of the chart's Grafana
+/// dashboard finds data for it.
+#[tokio::test]
+async fn a_stock_prometheus_scrapes_every_role_and_every_dashboard_panel_finds_data() {
+    let prometheus = NodePrometheus::start();
+    let (_cluster, ns) = start("metrics", example("mnist-hybrid.yaml", "metrics", 200_000)).await;
+    wait_training(&ns, "metrics-g0-0").await;
+    let ps_ip =
+        wait_for("PS 0's pod IP", JOB_DEADLINE, || async { pod(&ns, "metrics-ps-0").await?.status?.pod_ip })
+            .await;
+    let (code, page) = http_get(&format!("http://{ps_ip}:7073/metrics"));
+    assert_eq!(code, 200, "PS 0's metrics without a token: {page}");
+    assert!(page.contains("tandem_ps_version{shard=\"0\"}"), "{page}");
+    let (code, refused) = http_get(&format!("http://{ps_ip}:7072/status"));
+    assert_eq!(code, 401, "the status endpoint still wants the token's proof: {refused}");
+
+    let selector = format!("namespace=\"{}\", trainingjob=\"metrics\"", ns.name());
+    let count = |promql: String| {
+        let p = &prometheus;
+        async move { p.query(&promql).ok().filter(|r| !r.is_empty()).map(|r| r.len()) }
+    };
+    let workers = wait_for("Prometheus to scrape the 4 worker ranks", Duration::from_secs(120), || {
+        count(format!("tandem_step{{{selector}, role=\"worker\"}} > 0"))
+    })
+    .await;
+    assert_eq!(workers, 4, "2 groups of 2 ranks, each its own target");
+    let shards = wait_for("Prometheus to scrape the 2 PS shards", Duration::from_secs(60), || {
+        count(format!("tandem_ps_version{{{selector}, role=\"ps\"}}"))
+    })
+    .await;
+    assert_eq!(shards, 2);
+
+    // The dashboard's queries, with its variables set to this job and a rate window of a few
+    // scrapes. A panel shows data when one of its queries does (loss and accuracy come from PS 0
+    // in a PS job, from the progress sidecars in a job that runs the user's command).
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/tandem/dashboards/trainingjobs.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10, "{file} has {} panels", panels.len());
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        let exprs: Vec<String> = panel["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                t["expr"]
+                    .as_str()
+                    .unwrap()
+                    .replace("$namespace", ns.name())
+                    .replace("$trainingjob", "metrics")
+                    .replace("$__rate_interval", "15s")
+            })
+            .collect();
+        let found =
+            wait_for(&format!("data in panel {title:?}: {exprs:?}"), Duration::from_secs(60), || async {
+                let answers: Vec<_> = exprs.iter().map(|e| prometheus.query(e)).collect();
+                let errors: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+                if !errors.is_empty() {
+                    return Some(Err(format!("{errors:?}")));
+                }
+                answers.iter().any(|a| a.as_ref().is_ok_and(|r| !r.is_empty())).then_some(Ok(()))
+            })
+            .await;
+        if let Err(errors) = found {
+            panic!("panel {title:?} has a query Prometheus refuses: {errors:?}\n{}", prometheus.log());
+        }
+    }
+    ns.cleanup().await.unwrap();
+}

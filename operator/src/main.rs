@@ -69,6 +69,11 @@ struct Args {
     /// Labels of this operator's pods, `key=value,…`, for the NetworkPolicy's rule that admits it.
     #[arg(long, env = "TANDEM_OPERATOR_LABELS", default_value = "app.kubernetes.io/name=tandem")]
     operator_labels: String,
+    /// Who may scrape the jobs' metrics port under their NetworkPolicy: a JSON list of
+    /// NetworkPolicyPeers (`[{"namespaceSelector":{"matchLabels":{…}}}]`); empty (`[]`): any
+    /// source.
+    #[arg(long, env = "TANDEM_METRICS_FROM", default_value = "[]")]
+    metrics_from: String,
 }
 
 /// How long in-flight work may take once a shutdown signal came: SIGTERM must stop the operator
@@ -154,8 +159,18 @@ async fn main() -> anyhow::Result<()> {
             !labels.is_empty(),
             "--network-policy needs --operator-labels to select this operator's pods"
         );
-        ctx.network_policy =
-            Some(tandem_operator::builder::OperatorPeer { namespace: args.lease_namespace.clone(), labels });
+        let metrics_from = serde_json::from_str(&args.metrics_from).with_context(|| {
+            format!(
+                "--metrics-from {:?} is not a JSON list of NetworkPolicyPeers, e.g. \
+                 [{{\"namespaceSelector\":{{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"monitoring\"}}}}}}]",
+                args.metrics_from
+            )
+        })?;
+        ctx.network_policy = Some(tandem_operator::builder::OperatorPeer {
+            namespace: args.lease_namespace.clone(),
+            labels,
+            metrics_from,
+        });
     }
     let ctx = Arc::new(ctx);
     let prepared = JobController::new(ctx, &Scope { namespace: args.namespace.clone() });

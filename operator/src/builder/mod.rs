@@ -97,20 +97,25 @@ pub fn job_config(job: &ValidatedJob<'_>) -> JobConfig {
     })
 }
 
-/// Where the operator runs, for the NetworkPolicy's one rule from outside the job.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where the operator runs, and who scrapes metrics, for the NetworkPolicy's rules from outside
+/// the job.
+#[derive(Clone, Debug, PartialEq)]
 pub struct OperatorPeer {
     /// The operator's namespace.
     pub namespace: String,
     /// Labels that select the operator's pods in it.
     pub labels: BTreeMap<String, String>,
+    /// Who may scrape the metrics port (`--metrics-from`, the chart's
+    /// `networkPolicy.metricsFrom`); empty: any source.
+    pub metrics_from: Vec<NetworkPolicyPeer>,
 }
 
 /// The job's NetworkPolicy (`--network-policy`, the chart's `networkPolicy.enabled`): its pods
 /// admit connections from the job's own pods on every port (PS, rendezvous and collectives, SSH
-/// for `backend: mpi`) and from the operator's pods on the status port only (a PS's, or a user
-/// group's progress sidecar's); nothing else. It restricts ingress alone, so pods still reach
-/// DNS, object stores and the API server.
+/// for `backend: mpi`), from the operator's pods on the status port only (a PS's, or a user
+/// group's progress sidecar's), and from the scrapers of [`OperatorPeer::metrics_from`] (any
+/// source when empty) on the metrics port only, which serves no secret; nothing else. It
+/// restricts ingress alone, so pods still reach DNS, object stores and the API server.
 pub fn network_policy(job: &ValidatedJob<'_>, operator: &OperatorPeer) -> NetworkPolicy {
     let job_pods = LabelSelector {
         match_labels: Some(BTreeMap::from([(names::LABEL_JOB.to_owned(), job.name.to_owned())])),
@@ -144,12 +149,20 @@ pub fn network_policy(job: &ValidatedJob<'_>, operator: &OperatorPeer) -> Networ
             ..NetworkPolicyPort::default()
         }]),
     };
+    let from_scrapers = NetworkPolicyIngressRule {
+        from: (!operator.metrics_from.is_empty()).then(|| operator.metrics_from.clone()),
+        ports: Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::Int(i32::from(contract::METRICS_PORT))),
+            protocol: Some("TCP".to_owned()),
+            ..NetworkPolicyPort::default()
+        }]),
+    };
     NetworkPolicy {
         metadata: meta(job, names::network_policy(job.name), "job"),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(job_pods),
             policy_types: Some(vec!["Ingress".to_owned()]),
-            ingress: Some(vec![from_job, from_operator]),
+            ingress: Some(vec![from_job, from_operator, from_scrapers]),
             egress: None,
         }),
     }

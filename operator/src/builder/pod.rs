@@ -190,12 +190,16 @@ fn role_parts(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Parts {
             vec![
                 container_port(names::PS_PORT_NAME, contract::PS_PORT),
                 container_port(STATUS_PORT_NAME, contract::STATUS_PORT),
+                container_port(contract::METRICS_PORT_NAME, contract::METRICS_PORT),
             ],
             Some(contract::PS_PORT),
         ),
         // Readiness is what a launcher waits for: a worker is ready once it accepts connections.
         Role::Worker { .. } => (
-            vec![container_port(names::WORKER_PORT_NAME, contract::WORKER_PORT)],
+            vec![
+                container_port(names::WORKER_PORT_NAME, contract::WORKER_PORT),
+                container_port(contract::METRICS_PORT_NAME, contract::METRICS_PORT),
+            ],
             Some(contract::WORKER_PORT),
         ),
         Role::Launcher { .. } => (Vec::new(), None),
@@ -249,7 +253,8 @@ pub fn restart_policy(role: Role) -> &'static str {
     }
 }
 
-/// The contract's variables; the bind address is the pod IP, filled in by the kubelet.
+/// The contract's variables, with the metrics port (a launcher's mpirun forwards it to the ranks
+/// it starts on the worker pods); the bind address is the pod IP, filled in by the kubelet.
 fn contract_env(role: Role, attempt: u32) -> Vec<EnvVar> {
     let launch = LaunchEnv {
         role,
@@ -267,7 +272,13 @@ fn contract_env(role: Role, attempt: u32) -> Vec<EnvVar> {
                 if key == env::BIND { field_env(key, "status.podIP") } else { plain_env(key, &value) }
             },
         )
+        .chain([metrics_port_env()])
         .collect()
+}
+
+/// [`env::METRICS_PORT`] set to the contract's metrics port.
+pub(super) fn metrics_port_env() -> EnvVar {
+    plain_env(env::METRICS_PORT, &contract::METRICS_PORT.to_string())
 }
 
 /// The job ConfigMap, the token Secret, and the output folder: the checkpoint claim, else an

@@ -39,9 +39,10 @@ pub(super) fn image(job: &ValidatedJob<'_>) -> String {
 }
 
 /// Replaces `parts` (the role's) with the user's command, arguments and environment, and drops
-/// the readiness probe.
-pub(super) fn parts(job: &ValidatedJob<'_>, role: Role, attempt: u32, parts: Parts) -> Parts {
+/// the readiness probe and the metrics port (rank 0's progress sidecar serves the group's).
+pub(super) fn parts(job: &ValidatedJob<'_>, role: Role, attempt: u32, mut parts: Parts) -> Parts {
     let workers = &job.spec.workers;
+    parts.ports.retain(|p| p.name.as_deref() != Some(contract::METRICS_PORT_NAME));
     Parts {
         command: workers.command.clone(),
         args: workers.args.clone(),
@@ -56,17 +57,25 @@ pub const PROGRESS_SIDECAR: &str = "tandem-progress";
 
 /// The progress sidecar of `role`, if it is rank 0 of a group whose progress the job reports
 /// ([`ValidatedJob::progress_from_groups`]): the user's command, or the built-in trainer without
-/// parameter servers (whose rank 0 appends to the same file, see [`progress_file_env`]).
+/// parameter servers (whose rank 0 appends to the same file, see [`progress_file_env`]). Beside
+/// the user's command it also serves the group's metrics on the metrics port, which the built-in
+/// trainer's rank 0 serves itself.
 pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<Container> {
     if !job.progress_from_groups() || !matches!(role, Role::Worker { rank: 0, .. }) {
         return None;
+    }
+    let mut env = contract_env(job, role, attempt);
+    let mut ports = vec![container_port(super::STATUS_PORT_NAME, contract::STATUS_PORT)];
+    if runs_user_command(job, role) {
+        env.push(super::pod::metrics_port_env());
+        ports.push(container_port(contract::METRICS_PORT_NAME, contract::METRICS_PORT));
     }
     Some(Container {
         name: PROGRESS_SIDECAR.to_owned(),
         image: Some(job.spec.image.clone()),
         command: Some(vec!["tandem".to_owned(), "progress".to_owned()]),
-        env: Some(contract_env(job, role, attempt)),
-        ports: Some(vec![container_port(super::STATUS_PORT_NAME, contract::STATUS_PORT)]),
+        env: Some(env),
+        ports: Some(ports),
         volume_mounts: Some(vec![
             mount("tandem-config", names::CONFIG_DIR, true),
             mount("tandem-token", names::TOKEN_DIR, true),

@@ -202,6 +202,64 @@ fn a_job_without_parameter_servers_reports_through_the_progress_sidecar_of_its_r
     assert!(!env_map(main_container(&rank0)).contains_key("TANDEM_PROGRESS_FILE"));
 }
 
+/// The container ports named `metrics` in `pod`, by container name.
+fn metrics_ports(pod: &Pod) -> Vec<(String, i32)> {
+    let spec = pod.spec.as_ref().unwrap();
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| {
+            c.ports
+                .iter()
+                .flatten()
+                .filter(|p| p.name.as_deref() == Some(contract::METRICS_PORT_NAME))
+                .map(|p| (c.name.clone(), p.container_port))
+        })
+        .collect()
+}
+
+/// Issue 42, item 2: every process that serves metrics gets the contract's metrics port and
+/// `TANDEM_METRICS_PORT`, exactly one per pod (a second would clash in the pod's network): the
+/// PS and the built-in worker themselves, a launcher's ranks through mpirun (it forwards
+/// `TANDEM_*`), and beside a user's command, which serves none, rank 0's progress sidecar.
+#[test]
+fn each_ps_and_worker_pod_serves_metrics_from_exactly_one_container() {
+    let port = i32::from(contract::METRICS_PORT);
+    let want = contract::METRICS_PORT.to_string();
+    let hybrid = fixture("hybrid.yaml");
+    let job = valid(&hybrid);
+    for role in
+        [Role::Ps { index: 1 }, Role::Worker { group: 0, rank: 0 }, Role::Worker { group: 1, rank: 1 }]
+    {
+        let pod = builder::pod(&job, role, 0);
+        assert_eq!(metrics_ports(&pod), vec![("tandem".to_owned(), port)], "{role}");
+        assert_eq!(env_map(main_container(&pod))[env::METRICS_PORT], want, "{role}");
+    }
+    // Built-in allreduce: rank 0's sidecar serves progress on the status port, the worker metrics.
+    let tcp = allreduce(fixture("hybrid.yaml"), "tcp", 2);
+    let rank0 = builder::pod(&valid(&tcp), Role::Worker { group: 0, rank: 0 }, 0);
+    assert_eq!(metrics_ports(&rank0), vec![("tandem".to_owned(), port)]);
+    let [sidecar] = &init_containers(&rank0)[..] else { panic!("one sidecar: {rank0:?}") };
+    assert!(!env_map(sidecar).contains_key(env::METRICS_PORT));
+    // mpi: the ranks run on the worker pods, started by the launcher's mpirun.
+    let mpi = allreduce(fixture("mpi.yaml"), "mpi", 3);
+    let launcher = builder::pod(&valid(&mpi), Role::Launcher { group: 0 }, 0);
+    assert_eq!(env_map(main_container(&launcher))[env::METRICS_PORT], want);
+    assert!(metrics_ports(&launcher).is_empty());
+    let worker = builder::pod(&valid(&mpi), Role::Worker { group: 0, rank: 2 }, 0);
+    assert_eq!(metrics_ports(&worker), vec![("tandem".to_owned(), port)]);
+    // A user's command: its rank 0's sidecar serves the group's metrics; other ranks none.
+    let user = fixture("user-command.yaml");
+    let user = valid(&user);
+    let rank0 = builder::pod(&user, Role::Worker { group: 0, rank: 0 }, 0);
+    assert_eq!(metrics_ports(&rank0), vec![(builder::PROGRESS_SIDECAR.to_owned(), port)]);
+    assert!(!env_map(main_container(&rank0)).contains_key(env::METRICS_PORT));
+    let [sidecar] = &init_containers(&rank0)[..] else { panic!("one sidecar: {rank0:?}") };
+    assert_eq!(env_map(sidecar)[env::METRICS_PORT], want);
+    let rank1 = builder::pod(&user, Role::Worker { group: 0, rank: 1 }, 0);
+    assert!(metrics_ports(&rank1).is_empty());
+}
+
 #[test]
 fn job_config_lists_every_ps_and_group_by_dns_name() {
     let job = fixture("hybrid.yaml");

@@ -65,6 +65,74 @@ fn operator_rbac_file_is_the_charts_cluster_role() {
     );
 }
 
+/// Issue 42, item 2: the chart's PodMonitor labels the jobs' series as the scrape config shipped
+/// for a plain Prometheus does (the one the real node's test runs), its dashboard ConfigMap holds
+/// the dashboard file, and `networkPolicy.metricsFrom` reaches the operator, which puts it in
+/// each job's NetworkPolicy.
+#[test]
+fn the_chart_scrapes_the_jobs_as_the_shipped_scrape_config_and_ships_the_dashboard() {
+    let rendered = run_helm(&[
+        "template",
+        "tandem",
+        CHART,
+        "--set",
+        "metrics.podMonitor.enabled=true,metrics.dashboard.enabled=true,networkPolicy.enabled=true",
+        "--set-json",
+        r#"networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"team":"monitoring"}}}]"#,
+    ]);
+    let manifests = parse_manifests(&rendered, "helm template").unwrap();
+    let find =
+        |kind: &str| manifests.iter().find(|m| m["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+
+    let endpoint = &find("PodMonitor")["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], tandem_api::contract::METRICS_PORT_NAME);
+    let pairs = |rules: &serde_json::Value, from: &str, to: &str| -> Vec<(String, String)> {
+        rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r.get(to).is_some())
+            .map(|r| (r[from][0].as_str().unwrap().to_owned(), r[to].as_str().unwrap().to_owned()))
+            .filter(|(source, _)| source.starts_with("__meta_kubernetes_pod_label_"))
+            .collect()
+    };
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/prometheus/scrape-trainingjobs.yaml"
+    ))
+    .unwrap();
+    let shipped: serde_json::Value = serde_yaml::from_str(&shipped).unwrap();
+    let plain = pairs(&shipped[0]["relabel_configs"], "source_labels", "target_label");
+    let monitor = pairs(&endpoint["relabelings"], "sourceLabels", "targetLabel");
+    assert_eq!(monitor, plain, "the PodMonitor and the plain scrape config label series alike");
+    assert_eq!(plain.len(), 5, "trainingjob, role, group, rank, ps_index: {plain:?}");
+
+    let dashboard = find("ConfigMap");
+    let held: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["trainingjobs.json"].as_str().unwrap()).unwrap();
+    let file: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/tandem/dashboards/trainingjobs.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(held, file);
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+
+    let args = find("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    let metrics_from = args
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix("--metrics-from="))
+        .unwrap_or_else(|| panic!("no --metrics-from in {args}"));
+    let peers: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer> =
+        serde_json::from_str(metrics_from).unwrap();
+    assert_eq!(peers.len(), 1, "{metrics_from}");
+}
+
 async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,

@@ -400,13 +400,22 @@ async fn a_ps_crash_costs_one_restart_however_many_groups_lose_it() {
 
 /// Issue 15, item 13: with `networkPolicy.enabled` (the operator's `--network-policy`), every job
 /// gets a NetworkPolicy, owned by it, under which its pods admit only the job's own pods, and the
-/// operator's pods on the PS status port; the chart's RBAC grants exactly that.
+/// operator's pods on the PS status port; the chart's RBAC grants exactly that. Issue 42, item 2:
+/// the scrapers of `networkPolicy.metricsFrom` reach the metrics port, and nothing else.
 #[tokio::test]
-async fn network_policy_admits_only_the_jobs_pods_and_the_operator() {
+async fn network_policy_admits_only_the_jobs_pods_the_operator_and_the_scraper_on_the_metrics_port() {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     let labels =
         std::collections::BTreeMap::from([("app.kubernetes.io/name".to_owned(), "tandem".to_owned())]);
-    let peer = tandem_operator::builder::OperatorPeer { namespace: "tandem-system".to_owned(), labels };
+    let metrics_from = serde_json::from_value(json!([
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]))
+    .unwrap();
+    let peer = tandem_operator::builder::OperatorPeer {
+        namespace: "tandem-system".to_owned(),
+        labels,
+        metrics_from,
+    };
     let h = Harness::start_with("op-netpol", ",networkPolicy.enabled=true", |ctx| {
         ctx.network_policy = Some(peer);
     })
@@ -430,6 +439,10 @@ async fn network_policy_admits_only_the_jobs_pods_and_the_operator() {
                         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "tandem"}}
                     }],
                     "ports": [{"port": 7072, "protocol": "TCP"}]
+                },
+                {
+                    "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                    "ports": [{"port": 7073, "protocol": "TCP"}]
                 }
             ]
         })

@@ -109,3 +109,30 @@ pub fn load_contract() -> anyhow::Result<Contract> {
     }
     Ok(Contract { env, job, token })
 }
+
+/// Binds this process's metrics port where the launch contract asks for one
+/// ([`tandem_api::contract::env::METRICS_PORT`]) and records its restarts (`attempt`). A value
+/// that is not a port is an error; a port that cannot be bound is logged and left out, and the
+/// process trains on without metrics.
+pub fn metrics_listener(attempt: u32) -> anyhow::Result<Option<std::net::TcpListener>> {
+    use tandem_api::contract::{self, env};
+    tandem::util::metrics::metrics().restarts.set(i64::from(attempt));
+    let Some(port) = contract::metrics_port(|k| std::env::var(k).ok())? else { return Ok(None) };
+    match tandem::util::metrics::bind(port) {
+        Ok(listener) => {
+            if let Ok(at) = listener.local_addr() {
+                tracing::info!(%at, "serving Prometheus metrics on /metrics");
+            }
+            Ok(Some(listener))
+        }
+        Err(e) => {
+            tracing::warn!(
+                port,
+                error = %e,
+                "cannot serve metrics; training goes on without them (set {} to 0 for any free port, or unset it)",
+                env::METRICS_PORT
+            );
+            Ok(None)
+        }
+    }
+}

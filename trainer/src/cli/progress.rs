@@ -4,7 +4,9 @@
 //! the lines the user's process appends) and serves what it read as the PS status endpoint does
 //! ([`tandem::ps::server::http`]): `GET /status` with the job token's HMAC, a
 //! [`tandem_api::contract::PsStatus`] whose `progress` the operator copies into
-//! `status.progress`, and `/metrics`, `/healthz`.
+//! `status.progress`, and `/metrics`, `/healthz`. Where `TANDEM_METRICS_PORT` is set (the
+//! operator sets it for a group that runs the user's command) it also serves the group's
+//! `tandem_group_*` families there without the token ([`tandem::util::metrics`]).
 //!
 //! Before serving it creates the group's checkpoint folder and the progress file's folder (group
 //! writable: the user's process runs in another container, under the pod's `fsGroup`). It stops
@@ -179,6 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let host = if env.bind.contains(':') { format!("[{}]", env.bind) } else { env.bind.clone() };
     let replicas = job.parameter_servers.len() as u32;
+    let metrics = super::metrics_listener(env.attempt)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -194,10 +197,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = writeln!(stdout, "status on {at}");
         let _ = stdout.flush();
         let (query, queries) = mpsc::channel(16);
+        let metrics = match metrics.map(tokio::net::TcpListener::from_std).transpose() {
+            Ok(listener) => {
+                listener.map(|l| tokio::spawn(tandem::util::metrics::serve(l, group_page(&query))))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot serve metrics; the group's status is served without them");
+                None
+            }
+        };
         let server = tokio::spawn(http::serve(listener, Arc::from(token), query, None, Health::default()));
         let reading =
             follow(file, Reading::new(group, replicas), queries, super::ps::shutdown_signal()).await;
         server.abort();
+        if let Some(metrics) = metrics {
+            metrics.abort();
+        }
         // The group's rank 0 has ended (the kubelet stops a sidecar after the main container) or
         // the pod is going: the last progress stays in this container's termination message,
         // where the operator reads the final step of a group that finished between two polls.
@@ -207,6 +222,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
         anyhow::Ok(())
+    })
+}
+
+/// The sidecar's metrics page: the process's families, then the group's, asked of the reader as
+/// a status query is.
+fn group_page(query: &mpsc::Sender<oneshot::Sender<GroupDocument>>) -> tandem::util::metrics::Page {
+    let query = query.clone();
+    Arc::new(move || {
+        let query = query.clone();
+        Box::pin(async move {
+            let mut page = tandem::util::metrics::metrics().encode(false);
+            let (tx, rx) = oneshot::channel();
+            if query.try_send(tx).is_ok()
+                && let Ok(Ok(document)) = tokio::time::timeout(Duration::from_secs(5), rx).await
+            {
+                page.push_str(&document.metrics());
+            }
+            page
+        })
     })
 }
 

@@ -11,7 +11,9 @@
 //! It also serves the HTTP status endpoint ([`tandem::ps::server::http`]) on `TANDEM_BIND` and
 //! `TANDEM_STATUS_PORT` (default [`tandem_api::contract::STATUS_PORT`]; `0` any free port, `off`
 //! none) and then prints `status on <addr>`, or `status off` when it serves none. An endpoint that
-//! cannot bind is logged and left out: the shard trains on without it.
+//! cannot bind is logged and left out: the shard trains on without it. Where
+//! `TANDEM_METRICS_PORT` is set it serves Prometheus metrics there without the token
+//! ([`tandem::util::metrics`]), likewise left out if the port cannot be bound.
 
 use std::io::Write;
 use std::time::Duration;
@@ -80,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let host = if env.bind.contains(':') { format!("[{}]", env.bind) } else { env.bind.clone() };
     let addr = format!("{host}:{port}");
     let status_port = contract::status_port(|k| std::env::var(k).ok())?;
+    let metrics = super::metrics_listener(env.attempt)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -88,6 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let mut server = Server::bind(&addr, config).await?;
+        if let Some(listener) = metrics {
+            server = server.with_metrics(listener);
+        }
         let bound = server.local_addr().context("cannot read the bound address")?;
         tracing::info!(shard = index, replicas, %mode, %bound, version = server.version(), "parameter server listening");
         let mut stdout = std::io::stdout();

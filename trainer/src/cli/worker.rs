@@ -61,6 +61,10 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
         bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
     };
     let device = args.device.select()?;
+    if let Some(listener) = super::metrics_listener(env.attempt)? {
+        tandem::util::metrics::start(listener, tandem::util::metrics::worker_page())
+            .context("cannot start the metrics thread")?;
+    }
     let mut place = Place {
         group,
         rank,
@@ -114,6 +118,7 @@ fn train<C: Communicator>(
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
     let mut file = ProgressFile::from_env();
+    let comm = tandem::comm::Metered(comm);
     let summary = worker::run(job, place, token, &args.data_dir, device, comm, model_group, |&progress| {
         println!("{}", WorkerLine::Progress { group, progress }.to_line());
         if let Some(file) = &mut file {

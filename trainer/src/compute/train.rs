@@ -786,6 +786,7 @@ impl Trainer {
         let mut window = [0.0f32; 5];
         let (mut samples, mut train_time) = (0u64, 0.0f64);
         let mut waited = self.loader.waited();
+        let mut metered_wait = waited;
         let mut last_eval = None;
         while self.step < self.total_steps {
             // A run in epochs counts its steps anew as the epoch plan changes an epoch's length.
@@ -795,8 +796,14 @@ impl Trainer {
             let t0 = Instant::now();
             let r = self.planned_step(update)?;
             let total = self.total_steps;
-            let took = t0.elapsed().as_secs_f64();
+            let elapsed = t0.elapsed();
+            let took = elapsed.as_secs_f64();
             train_time += took;
+            let metrics = crate::util::metrics::metrics();
+            metrics.record_step(r.step, elapsed, r.batch.samples as u64);
+            let now_waited = self.loader.waited();
+            metrics.data_wait_seconds.inc_by(now_waited.saturating_sub(metered_wait).as_secs_f64());
+            metered_wait = now_waited;
             window[0] += r.batch.loss * r.batch.samples as f32;
             window[1] += r.batch.samples as f32;
             window[3] += took as f32;

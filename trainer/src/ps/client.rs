@@ -591,6 +591,13 @@ impl PsClient {
     /// Pushes `values` for `offset..` (a gradient, or an elastic difference in EASGD mode), the
     /// contribution of the group's step `step` (from 0).
     pub fn push(&mut self, step: u64, offset: u64, values: &[f32]) -> Result<(), ClientError> {
+        let started = std::time::Instant::now();
+        let result = self.push_unmetered(step, offset, values);
+        crate::util::metrics::metrics().push.record(started.elapsed(), std::mem::size_of_val(values));
+        result
+    }
+
+    fn push_unmetered(&mut self, step: u64, offset: u64, values: &[f32]) -> Result<(), ClientError> {
         let frames = self
             .pieces(offset, values.len() as u64)?
             .into_iter()
@@ -607,6 +614,13 @@ impl PsClient {
     /// Pulls the weights of `offset..offset+out.len()` into `out`; returns the lowest version
     /// among the shards read. Waits as long as the mode says the group must.
     pub fn pull(&mut self, offset: u64, out: &mut [f32]) -> Result<u64, ClientError> {
+        let started = std::time::Instant::now();
+        let result = self.pull_unmetered(offset, out);
+        crate::util::metrics::metrics().pull.record(started.elapsed(), std::mem::size_of_val(out));
+        result
+    }
+
+    fn pull_unmetered(&mut self, offset: u64, out: &mut [f32]) -> Result<u64, ClientError> {
         let pieces = self.pieces(offset, out.len() as u64)?;
         let frames = pieces.iter().map(|&(i, at, n)| (i, Frame::Pull { offset: at, len: n })).collect();
         let replies = self.exchange("pull", frames)?;

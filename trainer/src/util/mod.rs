@@ -1,8 +1,9 @@
 //! Small helpers below every layer; they import nothing else of the crate: files written atomically
-//! and pruned ([`fs`]), processes ([`proc`]), the preemption flag that SIGTERM sets ([`signal`]) and the job's
-//! secrets ([`token`]).
+//! and pruned ([`fs`]), the process's Prometheus metrics ([`metrics`]), processes ([`proc`]), the
+//! preemption flag that SIGTERM sets ([`signal`]) and the job's secrets ([`token`]).
 
 pub mod fs;
+pub mod metrics;
 pub mod proc;
 pub mod signal;
 pub mod token;

@@ -131,6 +131,7 @@ pub struct Server {
     state: ShardState,
     config: ServerConfig,
     status: Option<StatusListener>,
+    metrics: Option<std::net::TcpListener>,
 }
 
 enum Event {
@@ -172,12 +173,20 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr: addr.to_owned(), source })?;
-        Ok(Self { listener, state, config, status: None })
+        Ok(Self { listener, state, config, status: None, metrics: None })
     }
 
     /// Also serves the HTTP status endpoint on `listener` while running (see [`http`]).
     pub fn with_status(mut self, listener: StatusListener) -> Self {
         self.status = Some(listener);
+        self
+    }
+
+    /// Also serves Prometheus metrics on `listener` while running, without the token
+    /// ([`crate::util::metrics`]; the shard's families of [`StatusDocument::metrics`] and
+    /// `tandem_ps_event_queue_depth`, the requests waiting for the shard task).
+    pub fn with_metrics(mut self, listener: std::net::TcpListener) -> Self {
+        self.metrics = Some(listener);
         self
     }
 
@@ -202,7 +211,7 @@ impl Server {
         shutdown: impl Future<Output = ()>,
         started: impl FnOnce(&mpsc::Sender<Event>, &Health),
     ) -> Result<(), ServerError> {
-        let Server { listener, state, config, status } = self;
+        let Server { listener, state, config, status, metrics } = self;
         let admission = Admission::new(config.unauthenticated);
         let health = Health::default();
         let (events_tx, events_rx) = mpsc::channel::<Event>(1024);
@@ -239,6 +248,15 @@ impl Server {
             let token: Arc<str> = config.shard.token.as_str().into();
             (tokio::spawn(http::serve(listener, token, query_tx, orders, health.clone())), forward)
         });
+        let metrics = match metrics.map(TcpListener::from_std).transpose() {
+            Ok(listener) => {
+                listener.map(|l| tokio::spawn(crate::util::metrics::serve(l, metrics_page(&events_tx))))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot serve metrics; training goes on without them");
+                None
+            }
+        };
         started(&events_tx, &health);
         let context = Arc::new(Context {
             events: events_tx.clone(),
@@ -285,6 +303,9 @@ impl Server {
             serve.abort();
             forward.abort();
         }
+        if let Some(serve) = metrics {
+            serve.abort();
+        }
         if !actor_done {
             // Connections may stay open for ever, so the actor is told to stop rather than left
             // to notice that every sender is gone; it writes a last checkpoint first.
@@ -294,6 +315,35 @@ impl Server {
         result
     }
 }
+
+/// The PS's metrics page: the process's families, then the shard's, asked of the shard task as a
+/// status query is (without them when it does not answer within [`METRICS_QUERY_TIMEOUT`]).
+fn metrics_page(events: &mpsc::Sender<Event>) -> crate::util::metrics::Page {
+    let events = events.clone();
+    Arc::new(move || {
+        let events = events.clone();
+        Box::pin(async move {
+            use std::fmt::Write;
+            let mut page = crate::util::metrics::metrics().encode(false);
+            let depth = events.max_capacity() - events.capacity();
+            let _ = writeln!(
+                page,
+                "# HELP tandem_ps_event_queue_depth Requests waiting for the shard task.\n\
+                 # TYPE tandem_ps_event_queue_depth gauge\ntandem_ps_event_queue_depth {depth}"
+            );
+            let (tx, rx) = oneshot::channel();
+            if events.try_send(Event::Status(tx)).is_ok()
+                && let Ok(Ok(document)) = tokio::time::timeout(METRICS_QUERY_TIMEOUT, rx).await
+            {
+                page.push_str(&document.metrics());
+            }
+            page
+        })
+    })
+}
+
+/// Time the shard task has to answer a scrape's query.
+const METRICS_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a panicked (or cancelled) task said.
 fn panic_message(e: tokio::task::JoinError) -> String {
