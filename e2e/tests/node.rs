@@ -616,6 +616,16 @@ async fn a_users_pytorch_script_trains_through_the_operator_and_a_deleted_pod_re
     })
     .await;
     eprintln!("status.progress.step {seen} after {:?}", started.elapsed());
+    // Issue 42, item 2: rank 0's progress sidecar serves the group's progress as metrics, without
+    // the token, on the pod's metrics port (the user's script serves none).
+    let rank0_ip = pod(&ns, "ddp-g0-0").await.and_then(|p| p.status?.pod_ip).unwrap();
+    let (code, page) = http_get(&format!("http://{rank0_ip}:7073/metrics"));
+    assert_eq!(code, 200, "the sidecar's metrics: {page}");
+    let step = page
+        .lines()
+        .find_map(|l| l.strip_prefix("tandem_group_step{group=\"0\"} ")?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no tandem_group_step of group 0:\n{page}"));
+    assert!(step > 0.0, "{page}");
     // status.progress is the lowest running group's; group 1, whose pod is deleted, may have
     // started later: wait for its own progress file (on the claim's host folder) to pass a
     // periodic checkpoint.
@@ -677,6 +687,31 @@ async fn a_users_pytorch_script_trains_through_the_operator_and_a_deleted_pod_re
     assert_eq!(status.pointer("/progress/step").and_then(Value::as_u64), Some(steps), "{status:#}");
     let accuracy = status.pointer("/progress/accuracy").and_then(Value::as_f64);
     assert!(accuracy.is_some_and(|a| a >= 0.8), "status.progress.accuracy from the script: {status:#}");
+    ns.cleanup().await.unwrap();
+}
+
+/// Issue 38: a `backend: mpi` group runs the user's script from the user's image (OpenMPI and sshd
+/// by the documented recipe): the launcher's mpirun starts it on the worker pods over ssh with the
+/// contract's variables, the group trains to accuracy, and its progress reaches the job's status
+/// through rank 0's sidecar.
+#[tokio::test]
+async fn a_users_script_runs_under_the_launchers_mpirun_on_the_users_image() {
+    let steps = 300;
+    let mut manifest = example("pytorch/job.yaml", "ddp-mpi", steps);
+    manifest["spec"]["workers"]["backend"] = "mpi".into();
+    manifest["spec"]["workers"]["groups"] = 1.into();
+    manifest["spec"]["workers"]["env"] = json!([{"name": "OMP_NUM_THREADS", "value": "1"}]);
+    let (_cluster, ns) = start("pytorch-mpi", manifest).await;
+    let status = wait_succeeded(&ns, "ddp-mpi").await;
+    let log = log_of(&ns, "ddp-mpi-g0-launcher", false).await;
+    let accuracy = log
+        .lines()
+        .find_map(|l| {
+            l.split_once("rank 0: test accuracy ")?.1.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .unwrap_or_else(|| panic!("the launcher's log shows no test accuracy of rank 0:\n{log}"));
+    assert!(accuracy >= 0.75, "accuracy {accuracy}:\n{log}");
+    assert_eq!(status.pointer("/progress/step").and_then(Value::as_u64), Some(steps), "{status:#}");
     ns.cleanup().await.unwrap();
 }
 

@@ -185,9 +185,13 @@ mod tests {
         job.metadata.namespace = Some("ns".to_owned());
         job.metadata.uid = Some("u-1".to_owned());
         assert!(validate(&job).is_ok());
-        // A launcher running `mpirun <command>` is not built: the spec's rule says so, here too.
+        // With backend: mpi a launcher runs `mpirun <command>`; a model is still refused.
         job.spec.workers.backend = tandem_api::Backend::Mpi;
+        job.spec.workers.min_groups = job.spec.workers.groups;
+        job.spec.workers.max_groups = job.spec.workers.groups;
+        assert!(validate(&job).is_ok(), "{:?}", validate(&job).err().map(|e| e.to_string()));
+        job.spec.model.hidden = vec![64];
         let err = validate(&job).unwrap_err().to_string();
-        assert!(err.contains("workers.backend mpi") && err.contains("tcp"), "{err}");
+        assert!(err.contains("remove spec.model"), "{err}");
     }
 }

@@ -156,6 +156,19 @@ pub fn progress_file(output: &Path, group: u32, attempt: u32) -> PathBuf {
     output.join("progress").join(format!("group-{group}.{attempt}.jsonl"))
 }
 
+/// How a `backend: mpi` group starts each rank of a user's command: `mpirun … sh -c
+/// MPI_RANK_SCRIPT tandem-rank <command> <args>…`, with the group's [`user_env`] of rank 0
+/// forwarded to every rank (`-x`). The script takes the rank's own numbers from OpenMPI
+/// (`OMPI_COMM_WORLD_RANK`, `…_LOCAL_RANK`, `…_LOCAL_SIZE`) — `RANK`, `ROLE_RANK`, `TANDEM_RANK`,
+/// `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `GROUP_WORLD_SIZE` — so that each rank gets
+/// what [`user_env`] gives it under either [`Hosting`] (one rank per pod, or every rank on one
+/// host), then runs the command. It needs only a POSIX `sh` in the user's image, and fails with a
+/// message when not started by OpenMPI's mpirun.
+pub const MPI_RANK_SCRIPT: &str = r#"r="${OMPI_COMM_WORLD_RANK:?tandem-rank: not started by OpenMPI's mpirun (OMPI_COMM_WORLD_RANK is unset)}"
+n="${OMPI_COMM_WORLD_LOCAL_SIZE:-1}"
+export RANK="$r" ROLE_RANK="$r" TANDEM_RANK="$r" LOCAL_RANK="${OMPI_COMM_WORLD_LOCAL_RANK:-0}" LOCAL_WORLD_SIZE="$n" GROUP_RANK="$((r / n))" GROUP_WORLD_SIZE="$((WORLD_SIZE / n))"
+exec "$@""#;
+
 /// The environment of rank `launch.role` of a user's command: torchrun's variables for the
 /// group's world, Tandem's launch contract ([`LaunchEnv::to_vars`]) and the variables of
 /// [`env`]. Fails when the role is not a worker, or its group or rank is not in `config`.
@@ -455,5 +468,46 @@ mod tests {
         }
         let line = serde_json::to_string(&full.unwrap()).unwrap();
         assert_eq!(UserProgress::parse(&line), full);
+    }
+
+    /// The rank script, run by `sh` as OpenMPI would start it, gives each rank what `user_env`
+    /// gives that rank, from rank 0's variables and OpenMPI's numbers alone.
+    #[test]
+    fn the_mpi_rank_script_gives_each_rank_its_own_numbers() {
+        let config = config(1, 3, 0);
+        for (hosting, local_size) in [(Hosting::HostPerRank, 1), (Hosting::OneHost, 3)] {
+            let rank0 = user_env(&config, &launch(0, 0, 0), hosting, &files(0, 0)).unwrap();
+            for rank in 0..3u32 {
+                let local_rank = if local_size == 1 { 0 } else { rank };
+                let out = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(MPI_RANK_SCRIPT)
+                    .args(["tandem-rank", "env"])
+                    .env_clear()
+                    .envs(rank0.iter().map(|(k, v)| (*k, v.as_str())))
+                    .env("OMPI_COMM_WORLD_RANK", rank.to_string())
+                    .env("OMPI_COMM_WORLD_LOCAL_RANK", local_rank.to_string())
+                    .env("OMPI_COMM_WORLD_LOCAL_SIZE", local_size.to_string())
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                let got: BTreeMap<String, String> = String::from_utf8(out.stdout)
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+                    .collect();
+                let want = vars(&config, &launch(0, rank, 0), hosting, &files(0, 0));
+                for (key, value) in &want {
+                    assert_eq!(got.get(*key), Some(value), "{key} of rank {rank} ({hosting:?})");
+                }
+            }
+        }
+        let bare = std::process::Command::new("sh")
+            .args(["-c", MPI_RANK_SCRIPT, "tandem-rank", "true"])
+            .env_remove("OMPI_COMM_WORLD_RANK")
+            .output()
+            .unwrap();
+        assert!(!bare.status.success());
+        assert!(String::from_utf8_lossy(&bare.stderr).contains("not started by OpenMPI's mpirun"));
     }
 }

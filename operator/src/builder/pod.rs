@@ -102,11 +102,15 @@ pub fn pod(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Pod {
     };
     let mut parts = role_parts(job, role, attempt);
     parts.env.extend(user::progress_file_env(job, role, attempt));
-    let parts = if user::runs_user_command(job, role) {
+    let mut parts = if user::runs_user_command(job, role) {
         user::parts(job, role, attempt, parts)
     } else {
         parts.and(backend)
     };
+    if user::uses_user_image(job, role) {
+        // The user's processes serve no metrics: rank 0's progress sidecar serves the group's.
+        parts.ports.retain(|p| p.name.as_deref() != Some(contract::METRICS_PORT_NAME));
+    }
     let container = tandem_container(&mut pod_spec, job, role);
     parts.apply(&mut pod_spec, container);
     if let Some(init) =
@@ -166,7 +170,7 @@ fn tandem_container(pod_spec: &mut PodSpec, job: &ValidatedJob<'_>, role: Role) 
     container.name = names::CONTAINER.to_owned();
     if container.image.as_deref().is_none_or(str::is_empty) {
         container.image =
-            Some(if user::runs_user_command(job, role) { user::image(job) } else { job.spec.image.clone() });
+            Some(if user::uses_user_image(job, role) { user::image(job) } else { job.spec.image.clone() });
     }
     let resources = match role {
         Role::Ps { .. } => job.spec.parameter_servers.resources.clone(),

@@ -27,10 +27,18 @@ use super::pod::{Parts, container_port, field_env, mount, plain_env};
 use crate::names;
 use crate::validate::ValidatedJob;
 
-/// Whether the pods of `role` run the user's command: the workers of a job with
-/// `workers.command` (its parameter servers keep running `tandem ps`).
-pub(super) fn runs_user_command(job: &ValidatedJob<'_>, role: Role) -> bool {
+/// Whether the pods of `role` run the user's image: the workers of a job with `workers.command`
+/// (its parameter servers keep running `tandem ps`, its launchers `tandem launcher`, from the
+/// job's image).
+pub(super) fn uses_user_image(job: &ValidatedJob<'_>, role: Role) -> bool {
     matches!(role, Role::Worker { .. }) && job.spec.workers.command.is_some()
+}
+
+/// Whether the pods of `role` start the user's command themselves: the workers of a `backend: tcp`
+/// job with `workers.command`. A `backend: mpi` group's workers run sshd from the user's image,
+/// and its launcher's mpirun starts the command on them.
+pub(super) fn runs_user_command(job: &ValidatedJob<'_>, role: Role) -> bool {
+    uses_user_image(job, role) && job.spec.workers.backend == tandem_api::Backend::Tcp
 }
 
 /// The image of a user's worker pod: `workers.image`, else the job's.
@@ -39,10 +47,9 @@ pub(super) fn image(job: &ValidatedJob<'_>) -> String {
 }
 
 /// Replaces `parts` (the role's) with the user's command, arguments and environment, and drops
-/// the readiness probe and the metrics port (rank 0's progress sidecar serves the group's).
-pub(super) fn parts(job: &ValidatedJob<'_>, role: Role, attempt: u32, mut parts: Parts) -> Parts {
+/// the readiness probe.
+pub(super) fn parts(job: &ValidatedJob<'_>, role: Role, attempt: u32, parts: Parts) -> Parts {
     let workers = &job.spec.workers;
-    parts.ports.retain(|p| p.name.as_deref() != Some(contract::METRICS_PORT_NAME));
     Parts {
         command: workers.command.clone(),
         args: workers.args.clone(),
@@ -66,7 +73,7 @@ pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32)
     }
     let mut env = contract_env(job, role, attempt);
     let mut ports = vec![container_port(super::STATUS_PORT_NAME, contract::STATUS_PORT)];
-    if runs_user_command(job, role) {
+    if uses_user_image(job, role) {
         env.push(super::pod::metrics_port_env());
         ports.push(container_port(contract::METRICS_PORT_NAME, contract::METRICS_PORT));
     }
@@ -94,7 +101,7 @@ pub(super) fn progress_sidecar(job: &ValidatedJob<'_>, role: Role, attempt: u32)
 /// hostfile orders them).
 pub(super) fn progress_file_env(job: &ValidatedJob<'_>, role: Role, attempt: u32) -> Option<EnvVar> {
     let (Role::Worker { group, .. } | Role::Launcher { group }) = role else { return None };
-    if !job.progress_from_groups() || runs_user_command(job, role) {
+    if !job.progress_from_groups() || uses_user_image(job, role) {
         return None;
     }
     let file = user::progress_file(std::path::Path::new(names::OUTPUT_DIR), group, attempt);

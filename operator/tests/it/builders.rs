@@ -260,6 +260,41 @@ fn each_ps_and_worker_pod_serves_metrics_from_exactly_one_container() {
     assert!(metrics_ports(&rank1).is_empty());
 }
 
+/// Issue 38: a `backend: mpi` group running the user's command: its workers run sshd from the
+/// user's image (no metrics port, no master wait), rank 0's pod has the progress sidecar that
+/// serves the group's progress and metrics, and the launcher runs `tandem launcher` from the job's
+/// image, whose mpirun starts the command with the contract.
+#[test]
+fn an_mpi_group_of_a_users_command_runs_sshd_in_the_users_image_and_the_launcher_from_the_jobs() {
+    let mut job = fixture("user-command.yaml");
+    job.spec.workers.backend = tandem_api::Backend::Mpi;
+    let job = valid(&job);
+    let rank1 = builder::pod(&job, Role::Worker { group: 0, rank: 1 }, 0);
+    let c = main_container(&rank1);
+    assert_eq!(c.image.as_deref(), Some("my-pytorch:1.0"));
+    assert_eq!(c.command.as_ref().unwrap()[0], builder::SSHD_COMMAND);
+    assert!(init_containers(&rank1).is_empty(), "no master wait: mpirun starts the ranks");
+    assert!(metrics_ports(&rank1).is_empty());
+    let rank0 = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 0);
+    assert_eq!(main_container(&rank0).command.as_ref().unwrap()[0], builder::SSHD_COMMAND);
+    let [sidecar] = &init_containers(&rank0)[..] else { panic!("one sidecar: {rank0:?}") };
+    assert_eq!(sidecar.name, builder::PROGRESS_SIDECAR);
+    assert_eq!(
+        metrics_ports(&rank0),
+        vec![(builder::PROGRESS_SIDECAR.to_owned(), i32::from(contract::METRICS_PORT))]
+    );
+    let launcher = builder::pod(&job, Role::Launcher { group: 0 }, 2);
+    let c = main_container(&launcher);
+    assert_eq!(c.image.as_deref(), Some("tandem-trainer:0.1"));
+    assert_eq!(c.command.as_deref(), Some(&["tandem".to_owned(), "launcher".to_owned()][..]));
+    // The launcher's progress file is the one the sidecar on rank 0's pod follows.
+    let file = "/var/lib/tandem/progress/group-0.2.jsonl";
+    assert_eq!(env_map(c)["TANDEM_PROGRESS_FILE"], file);
+    let rank0_attempt2 = builder::pod(&job, Role::Worker { group: 0, rank: 0 }, 2);
+    let [sidecar] = &init_containers(&rank0_attempt2)[..] else { panic!("one sidecar") };
+    assert_eq!(env_map(sidecar)["TANDEM_PROGRESS_FILE"], file);
+}
+
 #[test]
 fn job_config_lists_every_ps_and_group_by_dns_name() {
     let job = fixture("hybrid.yaml");

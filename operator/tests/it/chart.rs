@@ -65,6 +65,84 @@ fn operator_rbac_file_is_the_charts_cluster_role() {
     );
 }
 
+/// `kubectl` of the pinned version, beside helm.
+fn kubectl() -> std::path::PathBuf {
+    helm().with_file_name("kubectl")
+}
+
+/// Runs `cmd`, failing the test with its output when it fails; returns its stdout.
+fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The chart's PodMonitor and ServiceMonitor are valid, field by field, against the real CRDs of
+/// prometheus-operator (a pinned release, installed on the test API server): a server-side dry
+/// run with strict field validation accepts them.
+#[test]
+fn the_charts_monitors_are_valid_against_prometheus_operators_crds() {
+    let crds = run_ok(
+        &mut Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/prometheus/crds.sh")),
+        "fetching prometheus-operator's CRDs",
+    );
+    let crds = std::path::Path::new(crds.trim());
+    let mut apply = Command::new(kubectl());
+    apply.args(["apply", "--server-side", "--force-conflicts"]);
+    for kind in ["podmonitors", "servicemonitors"] {
+        apply.arg("-f").arg(crds.join(format!("monitoring.coreos.com_{kind}.yaml")));
+    }
+    run_ok(&mut apply, "installing the PodMonitor and ServiceMonitor CRDs");
+    run_ok(
+        Command::new(kubectl()).args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/podmonitors.monitoring.coreos.com",
+            "crd/servicemonitors.monitoring.coreos.com",
+        ]),
+        "waiting for the CRDs",
+    );
+    let monitors = run_helm(&[
+        "template",
+        "tandem",
+        CHART,
+        "--namespace",
+        "default",
+        "--set",
+        "metrics.podMonitor.enabled=true,metrics.serviceMonitor.enabled=true",
+        "--show-only",
+        "templates/podmonitor.yaml",
+        "--show-only",
+        "templates/servicemonitor.yaml",
+    ]);
+    let kinds: Vec<String> = parse_manifests(&monitors, "helm template")
+        .unwrap()
+        .iter()
+        .map(|m| m["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds, ["PodMonitor", "ServiceMonitor"]);
+    let file = std::env::temp_dir().join(format!("tandem-monitors-{}.yaml", std::process::id()));
+    std::fs::write(&file, &monitors).unwrap();
+    let checked = Command::new(kubectl())
+        .args(["apply", "--dry-run=server", "--validate=strict", "-n", "default", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        checked.status.success(),
+        "the API server refuses the chart's monitors:\n{}{}\n{monitors}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
 /// Issue 42, item 2: the chart's PodMonitor labels the jobs' series as the scrape config shipped
 /// for a plain Prometheus does (the one the real node's test runs), its dashboard ConfigMap holds
 /// the dashboard file, and `networkPolicy.metricsFrom` reaches the operator, which puts it in

@@ -17,6 +17,12 @@
 //! pod's termination message, naming each unreachable worker — mpirun never starts against a
 //! dead or missing worker.
 //!
+//! A group that runs the user's command (`workers.command`) runs
+//! `mpirun … sh -c <rank script> tandem-rank <command> <args>` instead, with the contract for
+//! user processes ([`tandem_api::contract::user`]): rank 0's variables forwarded with `-x`, which
+//! [`user::MPI_RANK_SCRIPT`] turns into each rank's own from OpenMPI's numbers, so the user's
+//! image needs OpenMPI, sshd and a POSIX `sh`, but no `tandem`.
+//!
 //! Guarantees: SIGTERM and SIGINT are passed on to mpirun, which passes them on to the ranks; the
 //! launcher exits with mpirun's exit code, or 128 + the signal that killed it, so that the
 //! operator's restart policy sees what the group did. `--allow-run-as-root` is added only when
@@ -29,7 +35,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use anyhow::{Context, bail};
 use tandem::comm::reach::{self, Target};
 use tandem::util::proc::{Exit, die_with_parent};
-use tandem_api::contract::{self, Role, env};
+use tandem_api::LaunchEnv;
+use tandem_api::contract::user::{self, Hosting, UserFiles};
+use tandem_api::contract::{self, JobConfig, Role, env};
 
 /// OpenMPI's hostfile variables (ORTE for OpenMPI 4, PRRTE for 5); the operator sets both.
 const HOSTFILE_VARS: [&str; 2] = ["OMPI_MCA_orte_default_hostfile", "OMPI_MCA_prte_default_hostfile"];
@@ -45,6 +53,10 @@ pub struct Args {
     /// Let mpirun start more ranks than this machine has cores (the local runner sets it).
     #[arg(long)]
     pub oversubscribe: bool,
+    /// Tandem's data folder, given to the ranks of a user's command as `TANDEM_DATA_DIR` (the
+    /// local runner sets it; on Kubernetes the user's image keeps its own).
+    #[arg(long)]
+    pub data_dir: Option<std::path::PathBuf>,
     /// Arguments passed on to every `tandem worker` rank, after `--` (e.g. `-- --device cpu`).
     #[arg(last = true)]
     pub worker_args: Vec<String>,
@@ -80,6 +92,31 @@ fn ssh_targets(group: u32) -> anyhow::Result<Vec<Target>> {
         .enumerate()
         .filter(|(_, host)| *host != "localhost" && here.as_deref() != Some(*host))
         .map(|(rank, host)| Target { name: format!("worker {group}/{rank}"), host: host.to_owned(), port })
+        .collect())
+}
+
+/// The contract for user processes ([`user::user_env`]) of rank 0 of `group`, which
+/// [`user::MPI_RANK_SCRIPT`] turns into each rank's, then `workers.env`; without the launcher's
+/// bind address (each rank's is its own host's).
+fn user_vars(
+    job: &JobConfig,
+    launch: &LaunchEnv,
+    group: u32,
+    data_dir: Option<&Path>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let rank0 = LaunchEnv { role: Role::Worker { group, rank: 0 }, ..launch.clone() };
+    let files = UserFiles {
+        checkpoint_dir: user::checkpoint_dir(&launch.output, group),
+        progress_file: user::progress_file(&launch.output, group, launch.attempt),
+        data_dir: data_dir.map(Path::to_path_buf),
+    };
+    // With a hostfile each rank has a host of its own; the rank script corrects either way.
+    let vars = user::user_env(job, &rank0, Hosting::HostPerRank, &files)?;
+    Ok(vars
+        .into_iter()
+        .filter(|(k, _)| *k != env::BIND)
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(job.spec.workers.env.iter().flatten().map(|e| (e.name.clone(), e.value.clone())))
         .collect())
 }
 
@@ -159,6 +196,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let exe = std::env::current_exe().context("cannot find the path of this tandem executable")?;
 
+    // What every rank runs, with the variables it gets (forwarded with `-x`: ranks started over
+    // ssh do not inherit the launcher's environment).
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let mut names: Vec<String> =
+        FORWARDED.iter().filter(|k| std::env::var_os(k).is_some()).map(|k| (*k).to_owned()).collect();
+    let program: Vec<std::ffi::OsString> = match &job.spec.workers.command {
+        // The user's command, with the contract for user processes: rank 0's variables, which
+        // the rank script turns into each rank's own.
+        Some(command) => {
+            vars = user_vars(&job, &launch, group, args.data_dir.as_deref())?;
+            ["sh", "-c", user::MPI_RANK_SCRIPT, "tandem-rank"]
+                .into_iter()
+                .map(String::from)
+                .chain(command.iter().cloned())
+                .chain(job.spec.workers.args.iter().flatten().cloned())
+                .map(Into::into)
+                .collect()
+        }
+        // The ranks are the group's workers; MPI gives each its rank.
+        None => {
+            vars.extend([
+                (env::ROLE.to_owned(), "worker".to_owned()),
+                (env::GROUP.to_owned(), group.to_string()),
+                (env::RANK.to_owned(), "0".to_owned()),
+            ]);
+            names.extend(
+                std::env::vars_os()
+                    .filter_map(|(k, _)| k.into_string().ok())
+                    .filter(|k| k.starts_with("TANDEM_") && *k != env::BIND && *k != "TANDEM_MPIRUN"),
+            );
+            [exe.into_os_string(), "worker".into()]
+                .into_iter()
+                .chain(args.worker_args.iter().map(Into::into))
+                .collect()
+        }
+    };
+    names.extend(vars.iter().map(|(k, _)| k.clone()));
+    names.sort();
+    names.dedup();
+
     let mut cmd = Command::new(&args.mpirun);
     cmd.arg("-np").arg(size.to_string());
     // SAFETY: geteuid(2) cannot fail and touches no memory.
@@ -169,20 +246,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cmd.arg("--oversubscribe");
     }
     cmd.args(["--bind-to", "none"]);
-    // The ranks are the group's workers; MPI gives each its rank.
-    cmd.env(env::ROLE, "worker").env(env::GROUP, group.to_string()).env(env::RANK, "0");
-    let mut names: Vec<String> = std::env::vars_os()
-        .filter_map(|(k, _)| k.into_string().ok())
-        .filter(|k| k.starts_with("TANDEM_") && *k != env::BIND && *k != "TANDEM_MPIRUN")
-        .chain(FORWARDED.iter().filter(|k| std::env::var_os(k).is_some()).map(|k| (*k).to_owned()))
-        .chain([env::ROLE, env::GROUP, env::RANK].map(str::to_owned))
-        .collect();
-    names.sort();
-    names.dedup();
     for name in &names {
         cmd.arg("-x").arg(name);
     }
-    cmd.arg(&exe).arg("worker").args(&args.worker_args);
+    cmd.args(program).envs(vars);
 
     // mpirun is stopped should the launcher die without passing a signal on.
     die_with_parent(&mut cmd, libc::SIGTERM);

@@ -256,14 +256,21 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    /// Sends `signal` to the child's process group (mpirun and its ranks together).
+    /// Sends `signal` to the child's process group and, for SIGKILL, to every descendant (a
+    /// launcher's mpirun puts each rank in a process group of its own: killed with mpirun alone
+    /// they would live on, holding their ports).
     fn signal(&self, signal: i32) {
         if self.exit.is_some() {
             return;
         }
         let pgid = self.child.id() as libc::pid_t;
+        let rest = if signal == libc::SIGKILL { crate::util::proc::descendants(pgid) } else { Vec::new() };
         // SAFETY: kill(2) with a negative pid signals a process group; it touches no memory.
         unsafe { libc::kill(-pgid, signal) };
+        for pid in rest {
+            // SAFETY: as above, one process.
+            unsafe { libc::kill(pid, signal) };
+        }
     }
 }
 
@@ -300,11 +307,13 @@ impl Procs<'_> {
             }
             state::Command::Chaos { id, signal } => {
                 if let Some(p) = self.live.get(&id).filter(|p| p.exit.is_none()) {
-                    let pid = p.child.id() as libc::pid_t;
-                    let group = matches!(p.role, Role::Launcher { .. }) && signal == libc::SIGKILL;
-                    let target = if group { -pid } else { pid };
-                    // SAFETY: kill(2) touches no memory. An mpirun launcher is killed with its ranks.
-                    unsafe { libc::kill(target, signal) };
+                    if matches!(p.role, Role::Launcher { .. }) && signal == libc::SIGKILL {
+                        // An mpirun launcher is killed with its ranks.
+                        p.signal(signal);
+                    } else {
+                        // SAFETY: kill(2) touches no memory.
+                        unsafe { libc::kill(p.child.id() as libc::pid_t, signal) };
+                    }
                 }
             }
             state::Command::Emit(event) => on_event(&event),
@@ -579,6 +588,54 @@ impl Spawner<'_> {
         Ok((child, log))
     }
 
+    /// Starts the launcher of `backend: mpi` group `group` running a user's command: `tandem
+    /// launcher`, whose mpirun starts the ranks here with the contract for user processes, in
+    /// the job's working folder; returns it and its log (mpirun's output, the ranks' among it).
+    /// It follows the group's progress file as rank 0 of a `tcp` group does.
+    fn spawn_user_launcher(
+        &self,
+        id: ProcId,
+        group: u32,
+        attempt: u32,
+        ended: &Arc<AtomicBool>,
+        drained: &Arc<AtomicBool>,
+    ) -> Result<(Child, PathBuf), RunnerError> {
+        let opts = self.opts;
+        let role = Role::Launcher { group };
+        let files = user::files(&opts.output, group, attempt, &opts.data_dir);
+        user::reset_progress(&files.progress_file)?;
+        std::fs::create_dir_all(&files.checkpoint_dir)
+            .map_err(io(format!("creating {}", files.checkpoint_dir.display())))?;
+        let mut cmd = Command::new(&opts.exe);
+        cmd.args(["launcher", "--oversubscribe", "--data-dir"])
+            .arg(&opts.data_dir)
+            .current_dir(&opts.workdir);
+        for key in ["OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
+            if std::env::var_os(key).is_none() {
+                cmd.env(key, self.threads_per_rank().to_string());
+            }
+        }
+        let log = self.logs.join(format!("launcher-{group}.{attempt}.log"));
+        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
+        use std::os::unix::process::CommandExt;
+        cmd.envs(self.env(role, attempt).to_vars())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        die_with_parent(&mut cmd, libc::SIGKILL);
+        let child = cmd.spawn().map_err(io(format!("starting {role} ({})", opts.exe.display())))?;
+        user::tail_progress(
+            files.progress_file,
+            group,
+            id,
+            (ended.clone(), drained.clone()),
+            self.lines.clone(),
+        );
+        Ok((child, log))
+    }
+
     /// Starts process `id` as `role`; returns it and its log. Its stdout lines reach `lines`;
     /// `drained` is set once they all have.
     fn spawn(
@@ -590,8 +647,14 @@ impl Spawner<'_> {
         drained: &Arc<AtomicBool>,
     ) -> Result<(Child, PathBuf), RunnerError> {
         let opts = self.opts;
-        if opts.spec.workers.command.is_some() && matches!(role, Role::Worker { .. }) {
-            return self.spawn_user(id, role, attempt, ended, drained);
+        if opts.spec.workers.command.is_some() {
+            match role {
+                Role::Worker { .. } => return self.spawn_user(id, role, attempt, ended, drained),
+                Role::Launcher { group } => {
+                    return self.spawn_user_launcher(id, group, attempt, ended, drained);
+                }
+                Role::Ps { .. } => {}
+            }
         }
         // On a node, the process runs inside its network namespace.
         let node = opts.placement.node(&opts.spec, role);

@@ -84,6 +84,27 @@ pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
 /// fixed ports.
 const FREE_PORTS_LOW: u16 = 16384;
 
+/// Every descendant of process `pid` alive now (children first, then theirs), from Linux's
+/// `/proc/<pid>/task/<tid>/children`; empty where that is not readable. mpirun puts each rank in a
+/// process group of its own, so signalling the launcher's group misses them: signal these too.
+pub fn descendants(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let mut found = Vec::new();
+    let mut next = vec![pid];
+    while let Some(parent) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else { continue };
+        for task in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(task.path().join("children")) else { continue };
+            for child in text.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if !found.contains(&child) {
+                    found.push(child);
+                    next.push(child);
+                }
+            }
+        }
+    }
+    found
+}
+
 /// `n` distinct loopback ports that were free a moment ago, all held at once so that they differ.
 /// They are chosen below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`, from which
 /// every outgoing connection and every `bind(…:0)` takes its port), from a random start, so that
@@ -157,5 +178,26 @@ mod tests {
         // Two calls start at different places, so that concurrent callers rarely meet.
         let firsts: Vec<Vec<u16>> = (0..4).map(|_| free_ports(1).unwrap_or_default()).collect();
         assert!(firsts.iter().any(|p| *p != firsts[0]), "every call chose {:?}", firsts[0]);
+    }
+
+    #[test]
+    fn descendants_include_grandchildren_in_process_groups_of_their_own() {
+        // sh starts a grandchild in a process group of its own (as mpirun starts ranks).
+        let mut child = Command::new("sh")
+            .args(["-c", "setsid sleep 30 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
+            .unwrap();
+        let grandchild: libc::pid_t = line.trim().parse().unwrap();
+        let found = descendants(child.id() as libc::pid_t);
+        assert!(found.contains(&grandchild), "{found:?} lacks {grandchild}");
+        for pid in found {
+            // SAFETY: kill(2) touches no memory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = child.wait();
     }
 }

@@ -240,3 +240,50 @@ fn fields_of_the_built_in_trainer_are_refused_beside_a_command_naming_them() {
     }
     assert!(!out.exists(), "nothing ran");
 }
+
+/// `backend: mpi` (issue 38): the group's launcher runs `mpirun <the script>` on this machine,
+/// each rank gets the contract's variables through the rank script (one torch.distributed world
+/// per group), the group trains to accuracy with progress from its file; a killed rank fails
+/// the launcher's mpirun, and the relaunched group resumes from its own checkpoint.
+#[test]
+fn an_mpi_group_runs_the_script_under_mpirun_and_a_killed_rank_restarts_it_from_its_checkpoint() {
+    let _one = one_job_at_a_time();
+    let (dir, manifest) = job_dir("ddp-mpi", |doc| {
+        set(doc, &["spec", "workers", "backend"], Yaml::from("mpi"));
+        set(doc, &["spec", "workers", "groups"], Yaml::from(1));
+        // Long enough that the kill at step 150 comes well before the end.
+        set(doc, &["spec", "training", "steps"], Yaml::from(STEPS));
+    });
+    const STEPS: u64 = 600;
+    let out = dir.path().join("out");
+    let run = train(&manifest, &out, &["--chaos", "kill:worker:0:1@150"]);
+    let launcher = |attempt: u32| {
+        let path = out.join(format!("logs/launcher-0.{attempt}.log"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| format!("{}: {e}", path.display()))
+    };
+    assert!(
+        run.success,
+        "stderr:\n{}\nfirst launcher:\n{}\nsecond:\n{}",
+        run.stderr,
+        launcher(0),
+        launcher(1)
+    );
+    let restarts = run.of("restart");
+    assert_eq!(restarts.len(), 1, "one restart: {restarts:?}\n{}", launcher(0));
+    assert_eq!(restarts[0]["attempt"], 1, "{restarts:?}");
+    // Both ranks of the relaunched group resumed at one step, from the group's own folder.
+    let second = launcher(1);
+    let resumes: Vec<(u64, String)> =
+        second.lines().filter(|l| l.contains("resumed from ")).filter_map(resumed).collect();
+    assert_eq!(resumes.len(), 2, "two ranks resumed:\n{second}");
+    let (step, path) = &resumes[0];
+    assert!(*step > 0 && step % 50 == 0 && *step < STEPS, "resumed at step {step}");
+    assert_eq!(resumes[1].0, *step);
+    assert!(path.starts_with(&out.join("checkpoints/group-0").display().to_string()), "{path}");
+    let steps: Vec<u64> = run.of("progress").iter().filter_map(|e| e["group_step"].as_u64()).collect();
+    assert_eq!(steps.last(), Some(&STEPS), "{steps:?}");
+    let done = run.finished();
+    let accuracy = done["test_accuracy"].as_f64().unwrap();
+    assert!(accuracy >= ACCURACY, "test accuracy {accuracy} < {ACCURACY}: {done}");
+    assert!(out.join("checkpoints/group-0/step-00000600.pt").exists());
+}
