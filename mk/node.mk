@@ -37,5 +37,11 @@ node-down:
 	@scripts/node/node-down.sh
 
 ## e2e-node: helm install the chart with the built operator image on a real node, then train and break jobs in real containers.
-e2e-node: images node-bins
-	@CARGO="$(CARGO)" e2e/node.sh
+e2e-node: images node-bins prometheus-bin
+	@CARGO="$(CARGO)" TANDEM_PROMETHEUS="$$(scripts/prometheus/bin-path.sh)" e2e/node.sh
+
+## prometheus-bin: build the pinned Prometheus of the node's metrics test if missing (scripts/prometheus/).
+.PHONY: prometheus-bin
+prometheus-bin:
+	@scripts/prometheus/build.sh >/dev/null
+prepare: prometheus-bin

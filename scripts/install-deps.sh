@@ -15,8 +15,6 @@ python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # The test control plane (scripts/controlplane): certificates and readiness probes.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
-# The real node's metrics test (e2e/tests/node.rs) scrapes the jobs' pods with Debian's Prometheus.
-command -v prometheus >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

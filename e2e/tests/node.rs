@@ -915,7 +915,9 @@ async fn scaling_down_reaches_ps_0_at_once_and_later_epochs_split_among_the_grou
     ns.cleanup().await.unwrap();
 }
 
-/// Debian's Prometheus, on this host, configured with the scrape job users add to theirs
+/// Prometheus (upstream's, built from its Go module: `$TANDEM_PROMETHEUS`, `make prometheus-bin`;
+/// Debian's package lacks the Kubernetes discovery), on this host, configured with the scrape job
+/// users add to theirs
 /// (`deploy/prometheus/scrape-trainingjobs.yaml`), discovering pods through the API server of
 /// `KUBECONFIG` and scraping them every second on the CNI bridge.
 struct NodePrometheus {
@@ -941,14 +943,15 @@ impl NodePrometheus {
         std::fs::write(&config_file, serde_yaml::to_string(&config).unwrap()).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::fs::File::create(root.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
+        let bin = std::env::var("TANDEM_PROMETHEUS").unwrap_or_else(|_| "prometheus".to_owned());
+        let child = Command::new(&bin)
             .arg(format!("--config.file={}", config_file.display()))
             .arg(format!("--storage.tsdb.path={}", root.join("data").display()))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .expect("prometheus runs (scripts/install-deps.sh installs Debian's package)");
+            .unwrap_or_else(|e| panic!("{bin}: {e} (`make prometheus-bin` builds it)"));
         let api = format!("http://127.0.0.1:{port}/api/v1");
         NodePrometheus { child, root, api }
     }
@@ -1014,14 +1017,35 @@ async fn a_stock_prometheus_scrapes_every_role_and_every_dashboard_panel_finds_d
         let p = &prometheus;
         async move { p.query(&promql).ok().filter(|r| !r.is_empty()).map(|r| r.len()) }
     };
-    let workers = wait_for("Prometheus to scrape the 4 worker ranks", Duration::from_secs(120), || {
-        count(format!("tandem_step{{{selector}, role=\"worker\"}} > 0"))
-    })
+    let scraped = |what: &str, promql: String, deadline: u64| {
+        let what = what.to_owned();
+        let p = &prometheus;
+        async move {
+            let end = tokio::time::Instant::now() + Duration::from_secs(deadline);
+            loop {
+                if let Some(n) = count(promql.clone()).await {
+                    return n;
+                }
+                if tokio::time::Instant::now() > end {
+                    let (_, targets) = http_get(&format!("{}/targets", p.api));
+                    panic!("timed out waiting for {what} ({promql}); targets: {targets}\nlog:\n{}", p.log());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let workers = scraped(
+        "Prometheus to scrape the 4 worker ranks",
+        format!("tandem_step{{{selector}, role=\"worker\"}} > 0"),
+        120,
+    )
     .await;
     assert_eq!(workers, 4, "2 groups of 2 ranks, each its own target");
-    let shards = wait_for("Prometheus to scrape the 2 PS shards", Duration::from_secs(60), || {
-        count(format!("tandem_ps_version{{{selector}, role=\"ps\"}}"))
-    })
+    let shards = scraped(
+        "Prometheus to scrape the 2 PS shards",
+        format!("tandem_ps_version{{{selector}, role=\"ps\"}}"),
+        60,
+    )
     .await;
     assert_eq!(shards, 2);
 
