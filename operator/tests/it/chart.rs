@@ -33,14 +33,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Runs helm with `args`, failing the test with its output when it fails.
 fn run_helm(args: &[&str]) -> String {
-    let out = Command::new(helm()).args(args).output().expect("helm runs (make cluster-bins)");
-    assert!(
-        out.status.success(),
-        "helm {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    run_ok(Command::new(helm()).args(args), &format!("helm {args:?} (make cluster-bins builds it)"))
 }
 
 /// The rules of the first ClusterRole in a YAML stream.
