@@ -105,15 +105,25 @@ fn check(name: &str) {
         assert_close(&grads, &floats(&f["grads"]), 2e-4, &format!("{what}: gradient"));
         // Per tensor too, so that a small tensor's error is not hidden by a large one's scale.
         let want_g = floats(&f["grads"]);
+        let scale = want_g.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let mut silent = Vec::new();
         for e in net.params() {
             // Every tensor is reached: a tensor left out of the backward pass would match a zero
-            // reference, so the reference itself must not be zero.
-            assert!(
-                want_g[e.range()].iter().any(|&v| v != 0.0),
-                "{what}: PyTorch's gradient of {} is zero",
-                e.name
-            );
-            assert!(grads[e.range()].iter().any(|&v| v != 0.0), "{what}: {} received no gradient", e.name);
+            // reference. A reference at rounding noise of the whole gradient (ResNet-50's stem
+            // bias, whose shift the normalizations after it cancel: PyTorch gives 3.6e-15 in
+            // float64 where the gradient reaches 35) carries no signal either way: it must only
+            // stay as small in ours, which the comparison below checks.
+            let negligible = |g: &[f32]| g.iter().all(|v| v.abs() <= 1e-9 * scale);
+            if negligible(&want_g[e.range()]) {
+                silent.push(e.name.clone());
+            } else {
+                assert!(
+                    !negligible(&grads[e.range()]),
+                    "{what}: {} received no gradient (PyTorch's is {:?}…)",
+                    e.name,
+                    &want_g[e.range()][..e.range().len().min(4)]
+                );
+            }
             assert_close(
                 &grads[e.range()],
                 &want_g[e.range()],
@@ -121,6 +131,8 @@ fn check(name: &str) {
                 &format!("{what}: gradient of {}", e.name),
             );
         }
+        // The exception stays one: a fixture whose references are silent cannot tell a missed tensor.
+        assert!(silent.len() <= 1, "{what}: PyTorch's gradients of {silent:?} are rounding noise");
         // 1e-4: a variance over few values (ResNet-50's 1×1 maps, batch 2) cancels, and our inputs
         // to it are float32 convolutions where PyTorch's are float64.
         assert_close(
