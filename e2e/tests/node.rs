@@ -1015,20 +1015,25 @@ async fn a_stock_prometheus_scrapes_every_role_and_every_dashboard_panel_finds_d
     let selector = format!("namespace=\"{}\", trainingjob=\"metrics\"", ns.name());
     let count = |promql: String| {
         let p = &prometheus;
-        async move { p.query(&promql).ok().filter(|r| !r.is_empty()).map(|r| r.len()) }
+        async move { p.query(&promql).ok().map(|r| r.len()).unwrap_or(0) }
     };
-    let scraped = |what: &str, promql: String, deadline: u64| {
+    // Targets appear one by one as discovery and the first scrapes go: wait for all of them.
+    let scraped = |what: &str, promql: String, want: usize, deadline: u64| {
         let what = what.to_owned();
         let p = &prometheus;
         async move {
             let end = tokio::time::Instant::now() + Duration::from_secs(deadline);
             loop {
-                if let Some(n) = count(promql.clone()).await {
+                let n = count(promql.clone()).await;
+                if n >= want {
                     return n;
                 }
                 if tokio::time::Instant::now() > end {
                     let (_, targets) = http_get(&format!("{}/targets", p.api));
-                    panic!("timed out waiting for {what} ({promql}); targets: {targets}\nlog:\n{}", p.log());
+                    panic!(
+                        "timed out waiting for {what} ({promql}: {n} series); targets: {targets}\nlog:\n{}",
+                        p.log()
+                    );
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -1037,6 +1042,7 @@ async fn a_stock_prometheus_scrapes_every_role_and_every_dashboard_panel_finds_d
     let workers = scraped(
         "Prometheus to scrape the 4 worker ranks",
         format!("tandem_step{{{selector}, role=\"worker\"}} > 0"),
+        4,
         120,
     )
     .await;
@@ -1044,6 +1050,7 @@ async fn a_stock_prometheus_scrapes_every_role_and_every_dashboard_panel_finds_d
     let shards = scraped(
         "Prometheus to scrape the 2 PS shards",
         format!("tandem_ps_version{{{selector}, role=\"ps\"}}"),
+        2,
         60,
     )
     .await;
