@@ -547,6 +547,18 @@ impl Spawner<'_> {
         (cpus / ranks).max(1)
     }
 
+    /// Sends `cmd`'s output to the log `name` (returned), with no input, in a process group of its
+    /// own that dies with the runner.
+    fn log_to(&self, cmd: &mut Command, name: &str) -> Result<PathBuf, RunnerError> {
+        let log = self.logs.join(name);
+        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
+        use std::os::unix::process::CommandExt;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        die_with_parent(cmd, libc::SIGKILL);
+        Ok(log)
+    }
+
     /// Starts rank `role` of a user's command; returns it and its log. Rank 0 starts the reader
     /// of its group's progress file, which stops once `ended` is set, and then sets `drained`.
     fn spawn_user(
@@ -568,12 +580,7 @@ impl Spawner<'_> {
         }
         let mut cmd =
             user::command(&opts.spec, &self.config, &launch, &files, &opts.workdir, self.threads_per_rank())?;
-        let log = self.logs.join(format!("worker-{group}-{rank}.{attempt}.log"));
-        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
-        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
-        use std::os::unix::process::CommandExt;
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
-        die_with_parent(&mut cmd, libc::SIGKILL);
+        let log = self.log_to(&mut cmd, &format!("worker-{group}-{rank}.{attempt}.log"))?;
         let program = opts.spec.workers.command.as_ref().and_then(|c| c.first()).cloned().unwrap_or_default();
         let child = cmd.spawn().map_err(io(format!(
             "starting {role}: workers.command {program:?} in {}; is it installed, on PATH and executable?",
@@ -603,28 +610,15 @@ impl Spawner<'_> {
         let opts = self.opts;
         let role = Role::Launcher { group };
         let files = user::files(&opts.output, group, attempt, &opts.data_dir);
+        user::create_dirs(&files)?;
         user::reset_progress(&files.progress_file)?;
-        std::fs::create_dir_all(&files.checkpoint_dir)
-            .map_err(io(format!("creating {}", files.checkpoint_dir.display())))?;
         let mut cmd = Command::new(&opts.exe);
         cmd.args(["launcher", "--oversubscribe", "--data-dir"])
             .arg(&opts.data_dir)
-            .current_dir(&opts.workdir);
-        for key in ["OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
-            if std::env::var_os(key).is_none() {
-                cmd.env(key, self.threads_per_rank().to_string());
-            }
-        }
-        let log = self.logs.join(format!("launcher-{group}.{attempt}.log"));
-        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
-        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
-        use std::os::unix::process::CommandExt;
-        cmd.envs(self.env(role, attempt).to_vars())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0);
-        die_with_parent(&mut cmd, libc::SIGKILL);
+            .current_dir(&opts.workdir)
+            .envs(self.env(role, attempt).to_vars());
+        user::limit_threads(&mut cmd, self.threads_per_rank());
+        let log = self.log_to(&mut cmd, &format!("launcher-{group}.{attempt}.log"))?;
         let child = cmd.spawn().map_err(io(format!("starting {role} ({})", opts.exe.display())))?;
         user::tail_progress(
             files.progress_file,

@@ -69,20 +69,31 @@ pub fn command(
     };
     let vars = user::user_env(config, launch, Hosting::OneHost, files)
         .map_err(|e| RunnerError::Config(e.to_string()))?;
+    create_dirs(files)?;
+    let mut cmd = Command::new(program);
+    cmd.args(rest).args(spec.workers.args.iter().flatten()).current_dir(workdir);
+    limit_threads(&mut cmd, threads);
+    cmd.envs(spec.workers.env.iter().flatten().map(|e| (&e.name, &e.value)));
+    cmd.envs(vars);
+    Ok(cmd)
+}
+
+/// Creates the group's checkpoint folder and its progress file's folder.
+pub fn create_dirs(files: &UserFiles) -> Result<(), RunnerError> {
     for dir in [&files.checkpoint_dir, &parent(&files.progress_file)] {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     }
-    let mut cmd = Command::new(program);
-    cmd.args(rest).args(spec.workers.args.iter().flatten()).current_dir(workdir);
-    // Every rank shares this machine's cores: PyTorch and OpenMP size their pools to all of them.
+    Ok(())
+}
+
+/// Gives `cmd` `threads` compute threads unless the environment says: every rank shares this
+/// machine's cores, and PyTorch and OpenMP size their pools to all of them.
+pub fn limit_threads(cmd: &mut Command, threads: usize) {
     for key in ["OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
         if std::env::var_os(key).is_none() {
             cmd.env(key, threads.to_string());
         }
     }
-    cmd.envs(spec.workers.env.iter().flatten().map(|e| (&e.name, &e.value)));
-    cmd.envs(vars);
-    Ok(cmd)
 }
 
 fn parent(path: &Path) -> PathBuf {

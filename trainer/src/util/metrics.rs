@@ -179,14 +179,12 @@ impl Metrics {
         );
         let restarts = Gauge::default();
         process.register("restarts", "Restarts of this process's group or PS so far", restarts.clone());
-        let collective = |op| Op {
-            seconds: collective_seconds.get_or_create(&OpLabel { op }).clone(),
-            bytes: collective_bytes.get_or_create(&OpLabel { op }).clone(),
+        let of = |seconds: &Family<OpLabel, Seconds>, bytes: &Family<OpLabel, Counter>, op| Op {
+            seconds: seconds.get_or_create(&OpLabel { op }).clone(),
+            bytes: bytes.get_or_create(&OpLabel { op }).clone(),
         };
-        let exchange = |op| Op {
-            seconds: exchange_seconds.get_or_create(&OpLabel { op }).clone(),
-            bytes: exchange_bytes.get_or_create(&OpLabel { op }).clone(),
-        };
+        let collective = |op| of(&collective_seconds, &collective_bytes, op);
+        let exchange = |op| of(&exchange_seconds, &exchange_bytes, op);
         Self {
             step_seconds,
             samples,
