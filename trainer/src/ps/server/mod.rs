@@ -411,9 +411,6 @@ async fn actor(
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<Outbound>> = HashMap::new();
     let mut meter = Throughput::default();
     let mut counted = 0;
-    // Once the operator posted the group count, it is the count's source: the mounted config
-    // lags behind it by as long as the kubelet takes to refresh the file.
-    let mut posted = false;
     while let Some(event) = events.recv().await {
         let refused = admission.refused();
         state.add_refused(refused - counted);
@@ -444,13 +441,16 @@ async fn actor(
                 state.handle(s, frame)
             }
             Event::Frame(s, frame @ Frame::GetEpochs { .. }) => {
-                if !posted && let Some(groups) = job_config.as_deref().and_then(planned_groups) {
+                // Once the operator posted the group count, it is the count's source: the mounted
+                // config lags behind it by as long as the kubelet takes to refresh the file.
+                if !state.groups_posted()
+                    && let Some(groups) = job_config.as_deref().and_then(planned_groups)
+                {
                     state.set_planned_groups(groups);
                 }
                 state.handle(s, frame)
             }
             Event::PlanGroups(groups, reply) => {
-                posted = true;
                 if state.planned_groups() != groups {
                     tracing::info!(
                         shard = state.config().index,

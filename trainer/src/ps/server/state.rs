@@ -6,7 +6,7 @@
 //!
 //! Expected flow: see [`crate::ps`]. The driver announces each connection with a fresh nonce,
 //! which the shard sends as a challenge; every session must then start with a hello that proves
-//! the job token over it ([`crate::ps::wire::hello_proof`]); anything else, or a wrong proof, is
+//! the job token over it ([`tandem_ps::wire::hello_proof`]); anything else, or a wrong proof, is
 //! refused and the session closed.
 //!
 //! Guarantees, per [`PsMode`]:
@@ -33,8 +33,9 @@
 //!   are closed and its unfinished contribution dropped.
 //! - Shard 0 holds the job's epoch plan: how many groups split each epoch's data. An epoch's
 //!   count is fixed when a group first asks for it (`GetEpochs`), from the job config's group
-//!   count then ([`ShardState::set_planned_groups`]), raised to include the group that asks; it
-//!   never changes afterwards and is kept in checkpoints, so every group splits an epoch alike
+//!   count then ([`ShardState::set_planned_groups`]), raised to include the group that asks
+//!   unless the operator posted the count ([`ShardState::post_groups`]): then a group beyond it
+//!   is one being removed and sits the epoch out; a count never changes afterwards and is kept in checkpoints, so every group splits an epoch alike
 //!   whatever the config says when it gets there.
 //!
 //! Bounds: an authenticated peer is trusted with nothing the job does not allow. Before a frame
@@ -61,15 +62,15 @@ use tandem_api::job::OptimizerSpec;
 
 use crate::compute::checkpoint::MAX_COUNT;
 use crate::compute::optim::OptimizerState;
-use crate::util::token;
+use tandem_util::token;
 
 use super::finite::{copy_finite, first_non_finite};
 use super::optim::ShardOptimizer;
-use crate::ps::shard;
-use crate::ps::wire::{
+use tandem_api::PsMode;
+use tandem_ps::shard;
+use tandem_ps::wire::{
     ErrorCode, Frame, MAX_EPOCHS, NONCE_LEN, Peer, Progress, WireError, hello_proof, welcome_proof,
 };
-use tandem_api::PsMode;
 
 /// Identifies one connection for the lifetime of a server.
 pub type SessionId = u64;
@@ -371,6 +372,9 @@ pub struct ShardState {
     epochs: Vec<u32>,
     /// The job config's group count now.
     planned_groups: u32,
+    /// Whether the operator posted `planned_groups` ([`ShardState::post_groups`]): the count is
+    /// then the job's own, not a mounted file's that may lag behind it.
+    posted_groups: bool,
     /// Sessions refused and closed by the shard, until the driver reports them disconnected:
     /// frames they pipelined behind the refused one are dropped unread.
     closing: HashSet<SessionId>,
@@ -427,6 +431,7 @@ impl ShardState {
             model_state: ModelState::default(),
             epochs: Vec::new(),
             planned_groups: config.groups.max(1),
+            posted_groups: false,
             closing: HashSet::new(),
             config,
         }
@@ -576,13 +581,27 @@ impl ShardState {
         self.planned_groups = groups.max(1);
     }
 
+    /// The job's group count, posted by the operator when it scales the job: the count of every
+    /// epoch fixed from now on. A group at or beyond it asking for an epoch is one being removed
+    /// (its pods still draining), and no longer raises the epoch's count to include itself: the
+    /// groups left split the data, and the leaving group sits the epoch out.
+    pub fn post_groups(&mut self, groups: u32) {
+        self.set_planned_groups(groups);
+        self.posted_groups = true;
+    }
+
+    /// Whether the operator posted the group count ([`ShardState::post_groups`]).
+    pub fn groups_posted(&self) -> bool {
+        self.posted_groups
+    }
+
     /// The group count the next epoch is planned with ([`ShardState::set_planned_groups`]).
     pub fn planned_groups(&self) -> u32 {
         self.planned_groups
     }
 
     /// A new connection, challenged with `nonce` (fresh random bytes from the driver): the
-    /// session's hello must carry [`crate::ps::wire::hello_proof`] over it.
+    /// session's hello must carry [`tandem_ps::wire::hello_proof`] over it.
     pub fn connect(&mut self, session: SessionId, nonce: [u8; NONCE_LEN]) -> Vec<Output> {
         self.sessions.insert(session, Session { peer: None, nonce });
         vec![Output::Send(session, Frame::Challenge { nonce })]
@@ -1024,8 +1043,9 @@ impl ShardState {
         out.push(Output::Send(session, Frame::Joined { clock, version }));
     }
 
-    /// The epoch plan through `epoch`, fixing the epochs not fixed yet at the planned count (or
-    /// enough groups to include `group`, whose config may be newer than the one read here).
+    /// The epoch plan through `epoch`, fixing the epochs not fixed yet at the planned count (or,
+    /// unless the operator posted the count, enough groups to include `group`, whose config may
+    /// be newer than the one read here).
     fn epochs(&mut self, out: &mut Vec<Output>, session: SessionId, group: u32, epoch: u64) {
         if self.config.index != 0 {
             let msg = format!(
@@ -1040,7 +1060,11 @@ impl ShardState {
         }
         let fixed = self.epochs.len();
         while self.epochs.len() as u64 <= epoch {
-            let groups = self.planned_groups.max(group.saturating_add(1));
+            let groups = if self.posted_groups {
+                self.planned_groups
+            } else {
+                self.planned_groups.max(group.saturating_add(1))
+            };
             tracing::info!(shard = self.config.index, epoch = self.epochs.len(), groups, "epoch plan fixed");
             self.epochs.push(groups);
         }

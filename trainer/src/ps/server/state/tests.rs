@@ -561,6 +561,29 @@ fn shard_0_fixes_each_epochs_group_count_once_and_keeps_it_across_a_restart() {
 }
 
 #[test]
+fn a_group_count_posted_by_the_operator_is_not_raised_by_a_group_being_removed() {
+    // Three groups, scaled down to two: the operator posts 2 while group 2's pods still drain.
+    let mut cfg = config(PsMode::Async { staleness: None }, 1, 0);
+    cfg.groups = 3;
+    let mut net = Net::new(cfg);
+    net.worker(1, 0, 0, 0, 1);
+    net.worker(2, 2, 0, 0, 1);
+    let plan = |net: &mut Net, s: SessionId, epoch: u64| match net.call(s, Frame::GetEpochs { epoch }) {
+        Frame::Epochs { groups } => groups,
+        other => panic!("expected the epoch plan, got {other:?}"),
+    };
+    assert_eq!(plan(&mut net, 1, 0), vec![3]);
+    net.shard.post_groups(2);
+    assert!(net.shard.groups_posted());
+    // The leaving group asks first: the epoch is still the two groups' left, not three again.
+    assert_eq!(plan(&mut net, 2, 1), vec![3, 2], "a removed group sits the epoch out");
+    assert_eq!(plan(&mut net, 1, 2), vec![3, 2, 2]);
+    // Scaled up again: the operator posts before the new group's pods exist.
+    net.shard.post_groups(4);
+    assert_eq!(plan(&mut net, 2, 3), vec![3, 2, 2, 4]);
+}
+
+#[test]
 fn async_applies_every_contribution_at_once() {
     let mut net = Net::new(config(PsMode::Async { staleness: None }, 1, 0));
     net.joined_worker(1, 0, 1, &[0.0]);
