@@ -53,7 +53,7 @@ unit-test:
 	$(CARGO) test --workspace
 
 ## test: every check and test, the command CI runs. Every cargo command in it selects the whole
-## workspace with the same features (TEST_FEATURES are empty flags that only add test targets), so the
+## workspace with the same features (TEST_FEATURES add test targets and the benchmark tools' references), so the
 ## dependencies compile once; the CRDs' staleness is a unit test of xtask (crd-check is for humans).
 # Two stages. The first compiles: the Rust side (lint, then every test binary) beside the set-up that
 # needs no cargo (`prepare`: the Go builds of the control plane and the node, the node's packages, the

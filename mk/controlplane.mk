@@ -12,11 +12,12 @@
 # Other areas append to this in their own mk file (`CLUSTER_TEST_PACKAGES += tandem-operator`).
 CLUSTER_TEST_PACKAGES += tandem-testkit
 # The features of every test build in `make test` (clippy, test-cluster, e2e): recursive, so the
-# packages appended by later mk files count.
+# packages appended by later mk files count, and so do the features they add to TEST_EXTRA_FEATURES
+# (`tandem-kernels/references`: the benchmark tools' reference GEMMs, whose test needs them).
 comma := ,
 empty :=
 space := $(empty) $(empty)
-TEST_FEATURES = $(subst $(space),$(comma),$(strip $(foreach p,$(CLUSTER_TEST_PACKAGES),$(p)/cluster-tests)))
+TEST_FEATURES = $(subst $(space),$(comma),$(strip $(foreach p,$(CLUSTER_TEST_PACKAGES),$(p)/cluster-tests) $(TEST_EXTRA_FEATURES)))
 export TEST_FEATURES
 
 TEST_TARGETS += test-cluster

@@ -6,6 +6,9 @@
 data:
 	@scripts/fetch-data.sh
 
+# The GEMM peak tool's test measures the reference GEMMs beside ours.
+TEST_EXTRA_FEATURES += tandem-kernels/references
+
 # The trainer's tests train on the real data sets, so they must be there before `cargo test`.
 unit-test: data
 
@@ -33,6 +36,6 @@ bench-train: data
 bench-gemm:
 	@ls /usr/lib/x86_64-linux-gnu/libopenblas.so.0 >/dev/null 2>&1 || \
 	  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq libopenblas0 >/dev/null
-	$(CARGO) build --release -p tandem-kernels --bin gemm-peak
+	$(CARGO) build --release -p tandem-kernels --features references --bin gemm-peak
 	@mkdir -p out/bench
 	./target/release/gemm-peak --json out/bench/gemm-peak.json

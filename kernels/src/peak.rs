@@ -2,8 +2,8 @@
 //!
 //! [`measure`] times each shape of [`step_shapes`] (the MLP's and the LeNet CNN's GEMMs at batch 64,
 //! in the orientation the engine calls them, plus square 512 and 1024 for reference) with the
-//! engine's GEMM and, beside it, the `gemm` crate (candle's CPU matmul), `matrixmultiply`, and
-//! Debian's OpenBLAS when its shared library is installed (loaded at run time, so nothing needs it
+//! engine's GEMM and, beside it, the `gemm` crate (candle's CPU matmul) and `matrixmultiply` when
+//! built with the `references` feature, and Debian's OpenBLAS when its shared library is installed (loaded at run time, so nothing needs it
 //! to build). [`theoretical`] reads the CPU's vector width, FMA and clock from `/proc/cpuinfo`, and
 //! [`fma_peak`] measures what a register-only FMA loop reaches, which is the ceiling any GEMM can hit.
 //!
@@ -232,60 +232,8 @@ pub fn measure(opts: &PeakOptions) -> Vec<GemmRecord> {
             if !opts.references {
                 continue;
             }
-            let par = if threads == 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) };
-            let t = best_time(opts.seconds, || {
-                // SAFETY: the pointers and strides describe the row-major buffers above.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        c.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        a.as_ptr(),
-                        1,
-                        k as isize,
-                        b.as_ptr(),
-                        1,
-                        n as isize,
-                        0.0f32,
-                        1.0f32,
-                        false,
-                        false,
-                        false,
-                        par,
-                    )
-                }
-            });
-            record("gemm-crate", t);
-            if threads == 1 {
-                // matrixmultiply sizes its threads from an environment variable once per process;
-                // it is measured single-threaded only.
-                let t = best_time(opts.seconds, || {
-                    // SAFETY: as above.
-                    unsafe {
-                        matrixmultiply::sgemm(
-                            m,
-                            k,
-                            n,
-                            1.0,
-                            a.as_ptr(),
-                            k as isize,
-                            1,
-                            b.as_ptr(),
-                            n as isize,
-                            1,
-                            0.0,
-                            c.as_mut_ptr(),
-                            n as isize,
-                            1,
-                        )
-                    }
-                });
-                record("matrixmultiply", t);
-            }
+            #[cfg(feature = "references")]
+            crates::measure(opts.seconds, (m, n, k), (&a, &b, &mut c), threads, &mut record);
             if let Some(blas) = &blas {
                 blas.set_threads(threads);
                 let t = best_time(opts.seconds, || blas.sgemm(m, n, k, &a, &b, &mut c));
@@ -294,6 +242,78 @@ pub fn measure(opts: &PeakOptions) -> Vec<GemmRecord> {
         }
     }
     out
+}
+
+/// The reference GEMM crates (`--features references`): the `gemm` crate, which candle uses, and
+/// `matrixmultiply`.
+#[cfg(feature = "references")]
+mod crates {
+    use super::best_time;
+
+    /// Times `C = A·B` (row-major, `m×k` by `k×n`) with each crate at `threads`.
+    pub(super) fn measure(
+        seconds: f64,
+        (m, n, k): (usize, usize, usize),
+        (a, b, c): (&[f32], &[f32], &mut [f32]),
+        threads: usize,
+        record: &mut impl FnMut(&'static str, f64),
+    ) {
+        let par = if threads == 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) };
+        let t = best_time(seconds, || {
+            // SAFETY: the pointers and strides describe the row-major m×k, k×n and m×n buffers,
+            // whose lengths `super::measure` made so.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        });
+        record("gemm-crate", t);
+        if threads == 1 {
+            // matrixmultiply sizes its threads from an environment variable once per process;
+            // it is measured single-threaded only.
+            let t = best_time(seconds, || {
+                // SAFETY: as above.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        k as isize,
+                        1,
+                        b.as_ptr(),
+                        n as isize,
+                        1,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                }
+            });
+            record("matrixmultiply", t);
+        }
+    }
 }
 
 /// Whether Debian's OpenBLAS could be loaded (for the report).
