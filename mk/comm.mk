@@ -1,4 +1,4 @@
-# Collectives (trainer/src/comm): tests run with `cargo test --workspace`; the benchmark is separate.
+# Collectives (the tandem-comm crate, comm/): tests run with `cargo test --workspace`; the benchmark is separate.
 
 .PHONY: comm-test bench-allreduce
 

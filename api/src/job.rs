@@ -1027,6 +1027,14 @@ pub struct WorkerSpec {
     pub env: Option<Vec<EnvVar>>,
 }
 
+impl WorkerSpec {
+    /// Data-parallel ranks over all groups, `groups × groupSize`: the job plan's world (at least
+    /// 1, for a spec built in code that the CRD's bounds did not check).
+    pub fn ranks(&self) -> u32 {
+        self.groups.saturating_mul(self.group_size).max(1)
+    }
+}
+
 /// An environment variable of a user's worker process.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct EnvVar {
@@ -1462,6 +1470,11 @@ impl TrainingJobStatus {
 pub struct SpecError(pub String);
 
 impl TrainingJobSpec {
+    /// Processes of the job: one per PS replica and per worker rank.
+    pub fn processes(&self) -> u32 {
+        self.parameter_servers.replicas.saturating_add(self.workers.ranks())
+    }
+
     /// Checks the spec against the CRD's generated schema and CEL rules (see [`crate::manifest`]),
     /// for callers that have no API server (the local runner) or must not trust one (the
     /// operator). Transition rules (`oldSelf`) do not apply here.

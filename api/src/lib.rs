@@ -7,13 +7,16 @@
 
 pub mod contract;
 pub mod crd;
+pub mod cursor;
 pub mod job;
 pub mod manifest;
+pub mod names;
 pub mod plan;
 pub mod policy;
 
 pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine};
 pub use crd::crd;
+pub use cursor::DataCursor;
 pub use job::*;
 pub use manifest::ManifestError;
 pub use plan::{JobPlan, PlanError, PsMode};

@@ -126,7 +126,7 @@ pub enum PlanError {
 impl JobPlan {
     /// The plan of `spec` for a training set of `train_samples` samples.
     pub fn resolve(spec: &TrainingJobSpec, train_samples: u64) -> Result<Self, PlanError> {
-        let world = (u64::from(spec.workers.groups) * u64::from(spec.workers.group_size)).max(1);
+        let world = u64::from(spec.workers.ranks());
         let batch = u64::from(spec.data.batch_size);
         let per_rank = train_samples / world;
         if batch == 0 {

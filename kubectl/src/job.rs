@@ -5,8 +5,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
+use tandem_api::names;
 use tandem_api::{Role, TrainingJob};
-use tandem_operator::names;
 
 use crate::Error;
 

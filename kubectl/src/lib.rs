@@ -9,7 +9,7 @@
 //! Guarantees: read-only (nothing is created, patched or deleted); every failure is an [`Error`]
 //! that says what is missing and what to run next (a job that is not there lists the namespace's
 //! jobs; a job without pods or without a curve says why). Pods are found by the labels the operator
-//! sets (`tandem_operator::names`), never by name patterns.
+//! sets (`tandem_api::names`), never by name patterns.
 //!
 //! Assumptions: the user may `get`/`list` trainingjobs, pods and events and `get` pods/log in the
 //! namespace (what `kubectl get tj`, `kubectl logs` and `kubectl describe` need anyway).

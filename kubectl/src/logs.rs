@@ -15,7 +15,7 @@ use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, LogParams};
-use tandem_operator::names;
+use tandem_api::names;
 
 use crate::Error;
 use crate::job::{self, JobPod};

@@ -48,12 +48,13 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
+use tandem_api::names;
 use tandem_api::{Backend, JobPhase, Progress, Role, TrainingJob, TrainingJobStatus};
 
 use crate::metrics::{Metrics, RoleLabel};
 use crate::plan::{self, Observed, Plan, Settings, condition};
 use crate::validate::{self, ValidatedJob};
-use crate::{builder, names, progress, secrets};
+use crate::{builder, progress, secrets};
 
 /// A failed step of a reconcile.
 #[derive(Debug, thiserror::Error)]

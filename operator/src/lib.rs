@@ -46,7 +46,6 @@ pub mod builder;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
-pub mod names;
 pub mod plan;
 pub mod progress;
 pub mod secrets;

@@ -27,9 +27,9 @@ use kube::{Client, ResourceExt};
 use tandem_api::contract::{self, PsStatus, status_auth};
 use tandem_api::{Progress, Role};
 
-use crate::names;
 use crate::plan::PodPhase;
 use crate::validate::ValidatedJob;
+use tandem_api::names;
 
 /// Default of how often the progress of a Running job is read (at most;
 /// the resync may be shorter); `--progress-every` of the operator.

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use tandem_api::{Role, TrainingJob, TrainingJobSpec};
 
-use crate::names;
+use tandem_api::names;
 
 /// Longest DNS label: pod host names and Service names must fit.
 const MAX_LABEL: usize = 63;

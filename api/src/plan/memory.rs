@@ -152,7 +152,7 @@ impl MemoryEstimate {
             .saturating_add(data_bytes);
         let ps_bytes =
             if spec.parameter_servers.replicas == 0 { 0 } else { param_bytes.saturating_mul(2 + moments) };
-        let workers = (u64::from(spec.workers.groups) * u64::from(spec.workers.group_size)).max(1);
+        let workers = u64::from(spec.workers.ranks());
         let mut drivers = match spec.model.kind {
             ModelKind::Mlp => format!("model.kind mlp, model.hidden {:?}", spec.model.hidden),
             ModelKind::Cnn => format!(

@@ -3,7 +3,7 @@
 //! Guarantees: nothing here touches the API server, reads a clock or draws randomness (the job
 //! token and SSH keys are inputs), so the same job always builds the same objects, in the same
 //! order. Every object carries the job's controller owner reference and the labels of
-//! [`crate::names`]. A user's pod template is kept: the operator only adds its container
+//! [`tandem_api::names`]. A user's pod template is kept: the operator only adds its container
 //! settings, environment, volumes and network presets on top of it.
 //!
 //! Layout: this module holds the job-wide objects (Service, ConfigMap, token Secret, PodGroup);
@@ -31,7 +31,6 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use tandem_api::contract;
 use tandem_api::{Backend, Endpoint, JobConfig, PodGroupFlavor, Role};
 
-use crate::names;
 use crate::validate::ValidatedJob;
 pub use mpi::{SSH_HOST_CA_KEY, SSH_KNOWN_HOSTS, SSHD_COMMAND, SshKeys, hostfile, known_hosts, ssh_secret};
 pub use network::{DEFAULT_RDMA_RESOURCE, EFA_HUGEPAGES, EFA_RESOURCE};
@@ -39,6 +38,7 @@ pub use pod::{
     SCHEDULER_PLUGINS_GROUP_LABEL, SCHEDULER_PLUGINS_SCHEDULER, STATUS_PORT_NAME, TRAINER_FS_GROUP,
     VOLCANO_GROUP_ANNOTATION, VOLCANO_SCHEDULER, pod, restart_policy,
 };
+use tandem_api::names;
 pub use user::{MASTER_WAIT, PROGRESS_SIDECAR};
 
 /// Metadata of a child object `name` of `job`: its namespace, labels and owner.
@@ -202,7 +202,7 @@ pub fn pod_group_resource(flavor: PodGroupFlavor) -> ApiResource {
 /// only after their workers are ready, so counting them would deadlock the gang.
 pub fn gang_size(job: &ValidatedJob<'_>) -> u32 {
     let spec = job.spec;
-    spec.parameter_servers.replicas + spec.workers.groups * spec.workers.group_size
+    spec.processes()
 }
 
 /// The PodGroup of a gang-scheduled job.

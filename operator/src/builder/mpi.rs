@@ -12,8 +12,8 @@ use tandem_api::Role;
 
 use super::meta;
 use super::pod::{Parts, container_port, mount, plain_env};
-use crate::names;
 use crate::validate::ValidatedJob;
+use tandem_api::names;
 
 /// Key (and file name) of the host CA's private key in a job's SSH Secret.
 pub const SSH_HOST_CA_KEY: &str = "host-ca-key";

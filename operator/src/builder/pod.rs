@@ -12,8 +12,8 @@ use tandem_api::contract::{self, env};
 use tandem_api::{Backend, LaunchEnv, PodGroupFlavor, Role};
 
 use super::{mpi, network, user};
-use crate::names;
 use crate::validate::ValidatedJob;
+use tandem_api::names;
 
 /// Scheduler of gang-scheduled pods when the job names none, per PodGroup flavour.
 pub const VOLCANO_SCHEDULER: &str = "volcano";

@@ -24,8 +24,8 @@ use tandem_api::{LaunchEnv, Role};
 
 use super::job_config;
 use super::pod::{Parts, container_port, field_env, mount, plain_env};
-use crate::names;
 use crate::validate::ValidatedJob;
+use tandem_api::names;
 
 /// Whether the pods of `role` run the user's image: the workers of a job with `workers.command`
 /// (its parameter servers keep running `tandem ps`, its launchers `tandem launcher`, from the

@@ -7,7 +7,7 @@ use tandem_api::{Backend, Role, RunPolicy, UnitAttempt};
 use super::phase::Current;
 use super::pods::ObservedPod;
 use super::{Draft, attempt_in};
-use crate::names;
+use tandem_api::names;
 
 /// When a unit's pods may be launched again after its last restart.
 fn backoff_until(policy: &RunPolicy, record: &UnitAttempt) -> Option<Timestamp> {

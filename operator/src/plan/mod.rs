@@ -54,10 +54,10 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tandem_api::policy::Unit;
 use tandem_api::{JobPhase, Progress, Role, TrainingJobStatus};
 
-use crate::names;
 use crate::validate::ValidatedJob;
 use pods::ObservedPod;
 pub use pods::{PodPhase, container_restarts, exit_code, keep_what_is_read};
+use tandem_api::names;
 
 /// Condition types the operator maintains.
 pub mod condition {

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use tandem_api::Role;
 use tandem_api::policy::{Failure, FailureKind};
 
-use crate::names;
+use tandem_api::names;
 
 /// A pod's phase (`status.phase`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
 use tandem_api::contract::{self, env};
+use tandem_api::names;
 use tandem_api::{JobConfig, LaunchEnv, Role, TrainingJob};
 use tandem_operator::validate::ValidatedJob;
-use tandem_operator::{builder, names, validate};
+use tandem_operator::{builder, validate};
 
 fn fixture(name: &str) -> TrainingJob {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));

@@ -18,10 +18,11 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
+use tandem_api::names;
 use tandem_api::{JobPhase, TrainingJob};
 use tandem_operator::leader::{Attempt, LeaderElector};
 use tandem_operator::metrics::Metrics;
-use tandem_operator::{Context, JobController, Scope, Settings, names};
+use tandem_operator::{Context, JobController, Scope, Settings};
 use tandem_testkit::{TestCluster, parse_manifests};
 use tokio::sync::watch;
 

@@ -16,9 +16,10 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tandem_api::names;
 use tandem_api::{JobConfig, JobPhase, TrainingJob};
 use tandem_operator::metrics::Metrics;
-use tandem_operator::{Context, JobController, Scope, Settings, names};
+use tandem_operator::{Context, JobController, Scope, Settings};
 use tandem_testkit::{TestCluster, TestNamespace, parse_manifests};
 use tokio::sync::watch;
 

@@ -13,11 +13,12 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+use tandem_api::names;
 use tandem_api::policy::{self, Failure, FailureKind, Relaunch, Unit, Verdict};
 use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
+use tandem_operator::builder;
 use tandem_operator::plan::{Observed, Plan, Settings, decide, keep_what_is_read};
 use tandem_operator::validate::{ValidatedJob, validate};
-use tandem_operator::{builder, names};
 
 fn fixture(name: &str) -> TrainingJob {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));

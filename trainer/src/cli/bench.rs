@@ -7,12 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tandem::comm::algo::{AlgoConfig, AllreduceAlgo};
-use tandem::comm::selftest::{self, BenchRecord};
-use tandem::comm::shm::ShmConfig;
-use tandem::comm::tcp::{self, TcpConfig};
-use tandem::comm::{Communicator, kernel};
 use tandem_api::contract::Endpoint;
+use tandem_comm::algo::{AlgoConfig, AllreduceAlgo};
+use tandem_comm::selftest::{self, BenchRecord};
+use tandem_comm::shm::ShmConfig;
+use tandem_comm::tcp::{self, TcpConfig};
+use tandem_comm::{Communicator, kernel};
 
 /// Benchmarks.
 #[derive(clap::Subcommand)]
@@ -322,7 +322,7 @@ impl TcpRanks {
     /// Starts `ranks` ranks; with `hosts > 0`, consecutive ranks are told they share one of `hosts`
     /// simulated hosts.
     fn start(exe: &Path, ranks: usize, hosts: usize, tuning: &Tuning, mode: &[&str]) -> anyhow::Result<Self> {
-        let ports = tandem::util::proc::free_ports(ranks).context("no free port on 127.0.0.1")?;
+        let ports = tandem_util::proc::free_ports(ranks).context("no free port on 127.0.0.1")?;
         let peers = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
         let token_file = std::env::temp_dir().join(format!("tandem-bench-{}.token", std::process::id()));
         let token = format!("{:x}{:x}", std::process::id(), ports[0]);
@@ -449,11 +449,11 @@ pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
     super::init_logging();
     let result = run_rank_inner(args);
     let peer_lost = |c: &(dyn std::error::Error + 'static)| {
-        let comm = c.downcast_ref::<tandem::comm::CommError>().or_else(|| match c.downcast_ref() {
+        let comm = c.downcast_ref::<tandem_comm::CommError>().or_else(|| match c.downcast_ref() {
             Some(selftest::SelfTestError::Comm(e)) => Some(e),
             _ => None,
         });
-        comm.is_some_and(tandem::comm::CommError::is_peer_lost)
+        comm.is_some_and(tandem_comm::CommError::is_peer_lost)
     };
     if let Err(e) = &result
         && e.chain().any(peer_lost)
@@ -485,7 +485,7 @@ fn run_rank_inner(args: RankArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "mpi")]
 fn run_mpi(mode: &RankMode) -> anyhow::Result<()> {
-    use tandem::comm::mpi::MpiRuntime;
+    use tandem_comm::mpi::MpiRuntime;
     let runtime = MpiRuntime::init()?;
     let mut world = runtime.world();
     if let RankMode::Selftest { split: true } = mode {

@@ -9,7 +9,7 @@
 //! with `TANDEM_ROLE=worker`: each rank takes its rank from MPI, and every `TANDEM_*` variable is
 //! forwarded with `-x` because ranks started over ssh do not inherit the launcher's environment.
 //!
-//! Before mpirun, the "peers reachable" gate ([`tandem::comm::reach`]): with a hostfile, every
+//! Before mpirun, the "peers reachable" gate ([`tandem_comm::reach`]): with a hostfile, every
 //! host in it must resolve and accept a connection on the workers' sshd port (`-p` of
 //! `OMPI_MCA_plm_rsh_args`, else 22; `localhost` and this host, which mpirun starts without
 //! ssh, are left out) within `TANDEM_PEER_TIMEOUT` seconds (default 120), or the
@@ -33,11 +33,11 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, bail};
-use tandem::comm::reach::{self, Target};
-use tandem::util::proc::{Exit, die_with_parent};
 use tandem_api::LaunchEnv;
 use tandem_api::contract::user::{self, Hosting, UserFiles};
 use tandem_api::contract::{self, JobConfig, Role, env};
+use tandem_comm::reach::{self, Target};
+use tandem_util::proc::{Exit, die_with_parent};
 
 /// OpenMPI's hostfile variables (ORTE for OpenMPI 4, PRRTE for 5); the operator sets both.
 const HOSTFILE_VARS: [&str; 2] = ["OMPI_MCA_orte_default_hostfile", "OMPI_MCA_prte_default_hostfile"];

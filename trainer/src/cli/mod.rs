@@ -116,9 +116,9 @@ pub fn load_contract() -> anyhow::Result<Contract> {
 /// process trains on without metrics.
 pub fn metrics_listener(attempt: u32) -> anyhow::Result<Option<std::net::TcpListener>> {
     use tandem_api::contract::{self, env};
-    tandem::util::metrics::metrics().restarts.set(i64::from(attempt));
+    tandem_util::metrics::metrics().restarts.set(i64::from(attempt));
     let Some(port) = contract::metrics_port(|k| std::env::var(k).ok())? else { return Ok(None) };
-    match tandem::util::metrics::bind(port) {
+    match tandem_util::metrics::bind(port) {
         Ok(listener) => {
             if let Ok(at) = listener.local_addr() {
                 tracing::info!(%at, "serving Prometheus metrics on /metrics");

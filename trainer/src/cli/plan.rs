@@ -54,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a valid TrainingJob manifest", args.file.display()))?;
     let spec = &job.spec;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".to_owned());
-    let processes = spec.parameter_servers.replicas + spec.workers.groups * spec.workers.group_size;
+    let processes = spec.processes();
     let nodes = args.nodes.unwrap_or(processes);
     if nodes == 0 {
         bail!("--nodes 0: a job needs at least one node");

@@ -6,7 +6,7 @@
 //! [`tandem_api::contract::PsStatus`] whose `progress` the operator copies into
 //! `status.progress`, and `/metrics`, `/healthz`. Where `TANDEM_METRICS_PORT` is set (the
 //! operator sets it for a group that runs the user's command) it also serves the group's
-//! `tandem_group_*` families there without the token ([`tandem::util::metrics`]).
+//! `tandem_group_*` families there without the token ([`tandem_util::metrics`]).
 //!
 //! Before serving it creates the group's checkpoint folder and the progress file's folder (group
 //! writable: the user's process runs in another container, under the pod's `fsGroup`). It stops
@@ -199,7 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let (query, queries) = mpsc::channel(16);
         let metrics = match metrics.map(tokio::net::TcpListener::from_std).transpose() {
             Ok(listener) => {
-                listener.map(|l| tokio::spawn(tandem::util::metrics::serve(l, group_page(&query))))
+                listener.map(|l| tokio::spawn(tandem_util::metrics::serve(l, group_page(&query))))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot serve metrics; the group's status is served without them");
@@ -227,12 +227,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// The sidecar's metrics page: the process's families, then the group's, asked of the reader as
 /// a status query is.
-fn group_page(query: &mpsc::Sender<oneshot::Sender<GroupDocument>>) -> tandem::util::metrics::Page {
+fn group_page(query: &mpsc::Sender<oneshot::Sender<GroupDocument>>) -> tandem_util::metrics::Page {
     let query = query.clone();
     Arc::new(move || {
         let query = query.clone();
         Box::pin(async move {
-            let mut page = tandem::util::metrics::metrics().encode(false);
+            let mut page = tandem_util::metrics::metrics().encode(false);
             let (tx, rx) = oneshot::channel();
             if query.try_send(tx).is_ok()
                 && let Ok(Ok(document)) = tokio::time::timeout(Duration::from_secs(5), rx).await

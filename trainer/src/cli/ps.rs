@@ -13,7 +13,7 @@
 //! none) and then prints `status on <addr>`, or `status off` when it serves none. An endpoint that
 //! cannot bind is logged and left out: the shard trains on without it. Where
 //! `TANDEM_METRICS_PORT` is set it serves Prometheus metrics there without the token
-//! ([`tandem::util::metrics`]), likewise left out if the port cannot be bound.
+//! ([`tandem_util::metrics`]), likewise left out if the port cannot be bound.
 
 use std::io::Write;
 use std::time::Duration;
@@ -138,7 +138,7 @@ fn max_total_len(spec: &tandem_api::TrainingJobSpec, replicas: u32) -> u64 {
     if let Some(shape) = builtin_data(spec).filter(|_| spec.workers.command.is_none()) {
         return MemoryEstimate::of(spec, shape).parameters;
     }
-    let available = tandem::util::proc::available_memory().unwrap_or(u64::MAX);
+    let available = tandem_util::proc::available_memory().unwrap_or(u64::MAX);
     // Weights, one group's gradient, the sync mean and two optimizer moments, as f32.
     (available / (5 * 4)).saturating_mul(u64::from(replicas.max(1)))
 }

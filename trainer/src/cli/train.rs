@@ -154,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// model alone until they are read.
 fn check_memory(spec: &tandem_api::TrainingJobSpec) -> anyhow::Result<()> {
     use tandem_api::plan::memory::{DataShape, MemoryEstimate, builtin_data};
-    let Some(available) = tandem::util::proc::available_memory() else { return Ok(()) };
+    let Some(available) = tandem_util::proc::available_memory() else { return Ok(()) };
     let shape = builtin_data(spec).unwrap_or(DataShape {
         channels: 1,
         height: 28,

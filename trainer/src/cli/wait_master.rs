@@ -11,8 +11,8 @@
 //! peer-lost code (retryable: the group restarts) and says why in the termination message.
 
 use anyhow::Context;
-use tandem::comm::reach::{self, Target};
 use tandem_api::contract::{self, user::env as user_env};
+use tandem_comm::reach::{self, Target};
 
 /// Arguments of `tandem wait-master` (it reads the contract's variables).
 #[derive(clap::Args, Debug)]

@@ -12,12 +12,12 @@ use std::path::PathBuf;
 
 use super::DeviceArg;
 use anyhow::{Context, bail};
-use tandem::comm::Communicator;
 use tandem::compute::train::TrainError;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
 use tandem_api::contract::user::{UserProgress, env as user_env};
 use tandem_api::contract::{GroupReport, Role, WorkerLine};
+use tandem_comm::Communicator;
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -62,7 +62,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
     };
     let device = args.device.select()?;
     if let Some(listener) = super::metrics_listener(env.attempt)? {
-        tandem::util::metrics::start(listener, tandem::util::metrics::worker_page())
+        tandem_util::metrics::start(listener, tandem_util::metrics::worker_page())
             .context("cannot start the metrics thread")?;
     }
     let mut place = Place {
@@ -76,7 +76,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
     match job.spec.workers.backend {
         Backend::Tcp => {
             let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;
-            let host = std::env::var(tandem::comm::host::HOST_ID_ENV).ok().filter(|h| !h.is_empty());
+            let host = std::env::var(tandem_comm::host::HOST_ID_ENV).ok().filter(|h| !h.is_empty());
             let comm = worker::connect_tcp(&job, &place, &token, timeout, host)
                 .with_context(|| format!("worker {group}/{rank}"))?;
             if job.spec.model.parallelism.is_data() {
@@ -91,7 +91,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
         Backend::Mpi => {
             #[cfg(feature = "mpi")]
             {
-                let runtime = tandem::comm::mpi::MpiRuntime::init()?;
+                let runtime = tandem_comm::mpi::MpiRuntime::init()?;
                 let comm = runtime.world();
                 place.rank = comm.rank() as u32;
                 train(&job, &place, &token, &args, &device, comm, None)
@@ -118,7 +118,7 @@ fn train<C: Communicator>(
 ) -> anyhow::Result<()> {
     let (group, rank) = (place.group, place.rank);
     let mut file = ProgressFile::from_env();
-    let comm = tandem::comm::Metered(comm);
+    let comm = tandem_comm::Metered(comm);
     let summary = worker::run(job, place, token, &args.data_dir, device, comm, model_group, |&progress| {
         println!("{}", WorkerLine::Progress { group, progress }.to_line());
         if let Some(file) = &mut file {

@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 
 use crate::compute::data::DataCursor;
 use crate::compute::optim::OptimizerState;
-use crate::util::fs;
-use crate::util::token::hex;
+use tandem_util::fs;
+use tandem_util::token::hex;
 
 /// Version of the metadata layout; bumped on incompatible change.
 pub const FORMAT_VERSION: u32 = 1;

@@ -72,7 +72,7 @@ impl Mirror {
             }
             let from = PathBuf::from(format!("{}/{name}", remote.display()));
             let bytes = store::read(&from)?;
-            crate::util::fs::write_atomic(&target, &bytes, None)
+            tandem_util::fs::write_atomic(&target, &bytes, None)
                 .map_err(|source| DataError::Io { path: target.clone(), source })?;
             tracing::info!(from = %from.display(), to = %target.display(), "restored a checkpoint from object storage");
             copied += 1;

@@ -283,7 +283,7 @@ pub struct Cadence {
     /// Object storage that keeps a copy of the folder (`training.checkpoint.url`), updated after
     /// every checkpoint.
     pub mirror: Option<Mirror>,
-    /// Set asynchronously (by SIGTERM, [`crate::util::signal::stop_flag`]) to stop the run at the
+    /// Set asynchronously (by SIGTERM, [`tandem_util::signal::stop_flag`]) to stop the run at the
     /// next step boundary with its state saved; `None` never stops early.
     pub stop: Option<&'static AtomicBool>,
 }
@@ -799,7 +799,7 @@ impl Trainer {
             let elapsed = t0.elapsed();
             let took = elapsed.as_secs_f64();
             train_time += took;
-            let metrics = crate::util::metrics::metrics();
+            let metrics = tandem_util::metrics::metrics();
             metrics.record_step(r.step, elapsed, r.batch.samples as u64);
             let now_waited = self.loader.waited();
             metrics.data_wait_seconds.inc_by(now_waited.saturating_sub(metered_wait).as_secs_f64());

@@ -55,11 +55,11 @@ use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
 use crate::compute::device::Device;
 use crate::compute::model::engine;
 use crate::compute::train::Trainer;
-use crate::ps::client::{ClientConfig, PsClient};
-use crate::util::proc::{Exit, die_with_parent, free_ports};
 use chaos::Chaos;
 use nodes::Placement;
 use state::{Input, Outcome, ProcId, Supervisor};
+use tandem_ps::client::{ClientConfig, PsClient};
+use tandem_util::proc::{Exit, die_with_parent, free_ports};
 
 /// How long children get between SIGTERM and SIGKILL when the runner stops them.
 const GRACE: Duration = Duration::from_secs(15);
@@ -225,9 +225,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunnerError {
 /// Whether `spec` needs more than one process (any PS, or more than one worker rank), or runs a
 /// user's command (always a process of its own).
 pub fn needs_runner(spec: &TrainingJobSpec) -> bool {
-    spec.parameter_servers.replicas > 0
-        || spec.workers.groups * spec.workers.group_size > 1
-        || spec.workers.command.is_some()
+    spec.parameter_servers.replicas > 0 || spec.workers.ranks() > 1 || spec.workers.command.is_some()
 }
 
 /// One child process of the job.
@@ -264,7 +262,7 @@ impl Proc {
             return;
         }
         let pgid = self.child.id() as libc::pid_t;
-        let rest = if signal == libc::SIGKILL { crate::util::proc::descendants(pgid) } else { Vec::new() };
+        let rest = if signal == libc::SIGKILL { tandem_util::proc::descendants(pgid) } else { Vec::new() };
         // SAFETY: kill(2) with a negative pid signals a process group; it touches no memory.
         unsafe { libc::kill(-pgid, signal) };
         for pid in rest {
@@ -409,7 +407,7 @@ fn random_token() -> Result<String, RunnerError> {
 }
 
 fn write_private(path: &Path, text: &str) -> Result<(), RunnerError> {
-    crate::util::fs::write_atomic(path, text.as_bytes(), Some(0o600))
+    tandem_util::fs::write_atomic(path, text.as_bytes(), Some(0o600))
         .map_err(io(format!("writing {}", path.display())))
 }
 
@@ -542,7 +540,7 @@ impl Spawner<'_> {
     /// Compute threads of each worker rank: this machine's CPUs shared among the job's ranks (at
     /// least one each).
     fn threads_per_rank(&self) -> usize {
-        let ranks = (self.opts.spec.workers.groups * self.opts.spec.workers.group_size).max(1) as usize;
+        let ranks = self.opts.spec.workers.ranks() as usize;
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cpus / ranks).max(1)
     }
@@ -657,7 +655,7 @@ impl Spawner<'_> {
                 let mut cmd = Command::new("ip");
                 cmd.args(["netns", "exec", &node.netns]).arg(&opts.exe);
                 // Ranks on different nodes share no memory: their traffic crosses the links.
-                cmd.env(crate::comm::host::HOST_ID_ENV, format!("node={}", node.netns));
+                cmd.env(tandem_comm::host::HOST_ID_ENV, format!("node={}", node.netns));
                 cmd
             }
             None => Command::new(&opts.exe),
@@ -846,7 +844,7 @@ fn final_model(opts: &Options) -> Result<Trainer, RunnerError> {
     let spec = &opts.spec;
     let data = crate::compute::data::open_job(spec, &opts.data_dir)
         .map_err(|e| RunnerError::Config(e.to_string()))?;
-    let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
+    let world = spec.workers.ranks() as usize;
     Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))
 }
 

@@ -14,7 +14,7 @@
 //! node, and with fewer the placement is still deterministic. Every process binds its node's
 //! address, on a port of its own ([`BASE_PORT`] plus its slot), so two processes sharing a node
 //! never collide. Each process on a node gets that node as its host identity
-//! ([`crate::comm::host::HOST_ID_ENV`]): the namespaces share one kernel and one `/dev/shm`, so
+//! ([`tandem_comm::host::HOST_ID_ENV`]): the namespaces share one kernel and one `/dev/shm`, so
 //! ranks would otherwise find each other on "one host" and reduce through shared memory, and the
 //! group's traffic would never touch the links. Without nodes nothing changes: everything binds
 //! 127.0.0.1 on free ports.
@@ -160,7 +160,7 @@ pub fn slot(spec: &TrainingJobSpec, role: Role) -> u32 {
 
 /// How many slots a job has: one per PS replica and per rank.
 pub fn slots(spec: &TrainingJobSpec) -> u32 {
-    spec.parameter_servers.replicas + spec.workers.groups * spec.workers.group_size
+    spec.processes()
 }
 
 #[cfg(test)]

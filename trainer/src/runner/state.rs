@@ -39,7 +39,7 @@ use tandem_api::{Backend, StallPolicy, TrainingJobSpec};
 use super::Event;
 use super::chaos::Chaos;
 use super::progress::{Line, Merged};
-use crate::util::proc::Exit;
+use tandem_util::proc::Exit;
 
 /// How long the other processes of a failing unit get to end on their own before the unit's
 /// failure is judged.

@@ -10,7 +10,7 @@
 //! Guarantees: every rank makes the same collective calls in the same order, so the weights are
 //! bit-identical on all ranks after every step; so is a model's non-trainable state, averaged
 //! over the ranks after every step and resumed with the weights from rank 0's checkpoint. Rank `i` keeps optimizer state (momentum, Adam
-//! moments) for block `i` ([`crate::comm::block_range`]) only, so optimizer memory is split over
+//! moments) for block `i` ([`tandem_comm::block_range`]) only, so optimizer memory is split over
 //! the group. The optimizer is elementwise, so one step equals a single process's step on the
 //! averaged gradient: with the batch sharding of [`crate::compute::data`], the group trains like one
 //! process with the group-size× batch, up to the order of floating-point sums.
@@ -30,12 +30,12 @@ use std::path::Path;
 use tandem_api::OptimizerSpec;
 
 use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, gather_cursors};
-use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::checkpoint::Checkpoint;
 use crate::compute::data::DataCursor;
 use crate::compute::model::Partition;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{GradientStep, TrainError, Trainer};
+use tandem_comm::{Communicator, ReduceOp, block_range};
 
 /// A group rank's sharded synchronous SGD step.
 pub struct AllreduceStep<C: Communicator> {
@@ -434,8 +434,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::comm::algo::{AlgoConfig, Collectives};
-    use crate::comm::transport::LocalTransport;
+    use tandem_comm::algo::{AlgoConfig, Collectives};
+    use tandem_comm::transport::LocalTransport;
 
     #[test]
     fn whole_numbers_reach_every_rank_exactly() {

@@ -50,20 +50,20 @@ use std::path::{Path, PathBuf};
 use tandem_api::JobPlan;
 use tandem_api::contract::JobConfig;
 
-use crate::comm::tcp::{self, TcpComm, TcpConfig};
-use crate::comm::{CommError, Communicator};
 use crate::compute::checkpoint;
 use crate::compute::device::Device;
 use crate::compute::mirror::Mirror;
 use crate::compute::model::{self, ModelError};
 use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
-use crate::ps::client::{ClientConfig, PsClient};
 use allreduce::AllreduceStep;
 use ps_step::PsStep;
 pub use shared::Shared;
 use tandem_api::contract::GroupReport;
+use tandem_comm::tcp::{self, TcpComm, TcpConfig};
+use tandem_comm::{CommError, Communicator};
 use tandem_kernels::net::NetError;
 use tandem_kernels::split::Group;
+use tandem_ps::client::{ClientConfig, PsClient};
 
 /// Steps between the light progress reports (step, loss, samples; no evaluation).
 pub const PROGRESS_EVERY: u64 = 10;
@@ -87,11 +87,11 @@ pub enum WorkerError {
         /// Group index.
         group: u32,
         /// Cause.
-        source: crate::comm::CommError,
+        source: tandem_comm::CommError,
     },
     /// The parameter servers could not be reached.
     #[error(transparent)]
-    Ps(#[from] crate::ps::client::ClientError),
+    Ps(#[from] tandem_ps::client::ClientError),
 }
 
 impl WorkerError {
@@ -123,7 +123,7 @@ pub struct Place {
     pub bind: String,
     /// The job's output folder (`allreduce` checkpoints go to its `checkpoints/`).
     pub output: PathBuf,
-    /// Whether SIGTERM stops the group at a step boundary ([`crate::util::signal::stop_flag`],
+    /// Whether SIGTERM stops the group at a step boundary ([`tandem_util::signal::stop_flag`],
     /// installed as the training loop starts; before it SIGTERM ends the process as usual, with no
     /// step of this attempt done): on any rank, the group stops at the next step boundary,
     /// `allreduce`'s rank 0 checkpoints that step, and [`run`] fails with
@@ -153,7 +153,7 @@ pub fn collective(e: CommError) -> TrainError {
 /// Forms group `place.group`'s `tcp` communicator from the job config's peer list: every peer
 /// must resolve, connect and authenticate within `connect_timeout`, or the error names the ones
 /// that did not (the group's "peers reachable" gate). `host`, when given, is this rank's host
-/// identity for shared memory ([`crate::comm::host::HOST_ID_ENV`]).
+/// identity for shared memory ([`tandem_comm::host::HOST_ID_ENV`]).
 pub fn connect_tcp(
     job: &JobConfig,
     place: &Place,
@@ -206,7 +206,7 @@ pub fn run<C: Communicator>(
     let training = &spec.training;
     let size = spec.workers.group_size.max(1) as usize;
     check_place(job, place, &comm)?;
-    let world = (spec.workers.groups * spec.workers.group_size).max(1) as usize;
+    let world = spec.workers.ranks() as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
     let data = crate::compute::data::open_job(spec, data_dir).map_err(TrainError::from)?;
     // The job's facts, decided once: what the servers do and how long the run is. The servers'
@@ -295,7 +295,7 @@ pub fn run<C: Communicator>(
     // an `allreduce` group checkpoints (rank 0, into its output folder): the servers keep a PS
     // job's state.
     let dir = matches!(update, Update::Allreduce(_)).then_some(checkpoints);
-    let stop = place.stop_on_sigterm.then(crate::util::signal::stop_flag);
+    let stop = place.stop_on_sigterm.then(tandem_util::signal::stop_flag);
     let mirror = dir.as_ref().and(mirror);
     let cadence = Cadence { report_every: PROGRESS_EVERY, stop, mirror, ..Cadence::of(spec, dir) };
     let summary = trainer.run(update.step(), &cadence, &mut on_progress)?;

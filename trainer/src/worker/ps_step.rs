@@ -25,7 +25,7 @@
 //! with the next unseen sample.
 //!
 //! Per step, with `p` ranks and rank `i` owning block `i` of the flat vector
-//! ([`crate::comm::block_range`]):
+//! ([`tandem_comm::block_range`]):
 //! - gradient modes (`ps-sync`, `ps-async`, `hybrid`): reduce-scatter (average) of the gradient;
 //!   rank `i` pushes block `i` and pulls it back (the PS runs the optimizer and the schedule);
 //!   allgather of the weights. No rank carries the whole model to the PS.
@@ -46,14 +46,14 @@ use std::ops::Range;
 
 use tandem_api::OptimizerSpec;
 
-use crate::comm::{Communicator, ReduceOp, block_range};
 use crate::compute::data::DataCursor;
 use crate::compute::optim::{Optimizer, OptimizerState};
 use crate::compute::train::{EpochShare, GradientStep, TrainError};
-use crate::ps::client::{ClientError, Kept, PsClient};
-use crate::ps::wire::{ErrorCode, MAX_EPOCHS, Peer, Progress};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
+use tandem_comm::{Communicator, ReduceOp, block_range};
+use tandem_ps::client::{ClientError, Kept, PsClient};
+use tandem_ps::wire::{ErrorCode, MAX_EPOCHS, Peer, Progress};
 
 use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, gather_cursors};
 

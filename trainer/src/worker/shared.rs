@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tandem_kernels::split::{Group, GroupError};
 
-use crate::comm::{CommError, Communicator, ReduceOp, block_range};
+use tandem_comm::{CommError, Communicator, ReduceOp, block_range};
 
 /// A communicator shared by a rank's step and its model.
 pub struct Shared<C> {

@@ -228,7 +228,7 @@ fn a_ps_refuses_the_checkpoint_of_another_job_or_configuration() {
     let job = Job::new("ps-async", 0, 1, 1000);
     let mut ps = job.spawn_ps(0, 0);
     let mut client =
-        tandem::ps::client::PsClient::connect(worker_config(&[ps.addr.clone()], 0, 0, 0, 4)).unwrap();
+        tandem_ps::client::PsClient::connect(worker_config(&[ps.addr.clone()], 0, 0, 0, 4)).unwrap();
     client.init(0, &[1.0; 4]).unwrap();
     client.join().unwrap();
     client.push(0, 0, &[0.25; 4]).unwrap();

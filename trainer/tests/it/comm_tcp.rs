@@ -30,7 +30,7 @@ struct Finished {
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
-    tandem::util::proc::free_ports(n).unwrap()
+    tandem_util::proc::free_ports(n).unwrap()
 }
 
 /// A token file holding `content`: one file per token (not per call), so runs leave no pile of

@@ -505,7 +505,7 @@ fn scaled(from: u32, to: u32) -> Scaled {
     let trace = [("RUST_LOG", "info,tandem::samples=trace")];
     let mut groups: Vec<Worker> = (0..from).map(|g| Worker::spawn_in(&job, g, 0, 0, &trace)).collect();
     let mut observer = job.observer(&crate::ps_common::addrs(&ps));
-    let plan = |observer: &mut tandem::ps::client::PsClient| -> Vec<u64> {
+    let plan = |observer: &mut tandem_ps::client::PsClient| -> Vec<u64> {
         let status = observer.status(0).unwrap();
         status["epochs"].as_array().map(|e| e.iter().filter_map(|g| g.as_u64()).collect()).unwrap_or_default()
     };

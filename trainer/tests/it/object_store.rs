@@ -52,7 +52,7 @@ impl Minio {
         for b in buckets {
             std::fs::create_dir_all(drive.join(b)).unwrap();
         }
-        let ports = tandem::util::proc::free_ports(2).unwrap();
+        let ports = tandem_util::proc::free_ports(2).unwrap();
         let (port, console) = (ports[0], ports[1]);
         let log = std::fs::File::create(dir.path().join("minio.log")).unwrap();
         let child = Command::new(minio_bin())

@@ -18,7 +18,7 @@ const PEER_TIMEOUT: &str = "3";
 const HANG: Duration = Duration::from_secs(90);
 
 fn free_port() -> u16 {
-    tandem::util::proc::free_ports(1).unwrap()[0]
+    tandem_util::proc::free_ports(1).unwrap()[0]
 }
 
 fn tcp_job(peers: Vec<Endpoint>) -> Job {
@@ -91,7 +91,7 @@ fn a_tcp_group_whose_peer_never_comes_up_fails_within_the_deadline_naming_it() {
 
 #[test]
 fn a_tcp_group_whose_peer_name_does_not_resolve_fails_naming_it_and_the_dns_error() {
-    let ports = tandem::util::proc::free_ports(2).unwrap();
+    let ports = tandem_util::proc::free_ports(2).unwrap();
     let peers = vec![Endpoint::new("missing-peer.invalid", ports[0]), Endpoint::new("127.0.0.1", ports[1])];
     let job = tcp_job(peers);
     let (output, termination) = run_rank(&job, 1);

@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tandem::ps::client::{ClientConfig, PsClient};
 use tandem_api::contract::{Endpoint, GroupTopology, JobConfig, LaunchEnv, Role};
+use tandem_ps::client::{ClientConfig, PsClient};
 
 pub const TOKEN: &str = "ps-test-token-7f3a";
 
-/// `n` distinct free loopback endpoints ([`tandem::util::proc::free_ports`]).
+/// `n` distinct free loopback endpoints ([`tandem_util::proc::free_ports`]).
 pub fn loopback_endpoints(n: usize) -> Vec<Endpoint> {
-    let ports = tandem::util::proc::free_ports(n).unwrap();
+    let ports = tandem_util::proc::free_ports(n).unwrap();
     ports.into_iter().map(|port| Endpoint::new("127.0.0.1", port)).collect()
 }
 
@@ -108,7 +108,7 @@ impl Job {
         // Another test may take the chosen port before this PS binds it: try another then.
         let mut last = String::new();
         for _ in 0..3 {
-            let port = tandem::util::proc::free_ports(1).unwrap()[0];
+            let port = tandem_util::proc::free_ports(1).unwrap()[0];
             match self.try_spawn_ps(index, port) {
                 Ok(ps) => return ps,
                 Err(e) => last = e,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::ps_common::{Job, TOKEN, addrs, eventually, worker_config};
 use tandem::compute::data::DataCursor;
-use tandem::ps::client::{ClientError, PsClient};
-use tandem::ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
+use tandem_ps::client::{ClientError, PsClient};
+use tandem_ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 
 /// A raw connection, past the server's challenge, with the challenge's nonce.
 pub fn raw_challenged(addr: &str) -> (TcpStream, [u8; wire::NONCE_LEN]) {

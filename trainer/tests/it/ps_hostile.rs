@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::ps_common::{Job, TOKEN, eventually, worker_config};
 use crate::ps_faults::{closed, hello, raw_challenged, refused_with, reply, send};
-use tandem::ps::client::{ClientConfig, PsClient};
-use tandem::ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
+use tandem_ps::client::{ClientConfig, PsClient};
+use tandem_ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 
 const MIB: u64 = 1 << 20;
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use crate::ps_common::{Job, addrs, eventually};
-use tandem::ps::client::PsClient;
-use tandem::ps::wire::Progress;
+use tandem_ps::client::PsClient;
+use tandem_ps::wire::Progress;
 
 /// Each rank's chunk of an 11-value vector (as after a reduce-scatter of 2): 0..4 and 4..11,
 /// while the 2 shards hold 0..6 and 6..11, so rank 1 talks to both shards.

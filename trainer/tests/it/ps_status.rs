@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::ps_common::{Job, TOKEN};
-use tandem::ps::wire::Progress;
-use tandem::util::token::{hex, hmac, random_bytes};
 use tandem_api::contract::{PsStatus, env, status_auth};
+use tandem_ps::wire::Progress;
+use tandem_util::token::{hex, hmac, random_bytes};
 
 /// A child process killed when dropped.
 struct Running(Child);

@@ -9,14 +9,14 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 
 use crate::ps_common::{Job, addrs, worker_config};
-use tandem::comm::tcp::{self, TcpComm, TcpConfig};
 use tandem::compute::device::Device;
 use tandem::compute::optim::Optimizer;
 use tandem::compute::train::{LocalStep, Trainer};
-use tandem::ps::client::PsClient;
 use tandem::worker::ps_step::PsStep;
 use tandem_api::PsMode;
 use tandem_api::TrainingJobSpec;
+use tandem_comm::tcp::{self, TcpComm, TcpConfig};
+use tandem_ps::client::PsClient;
 
 fn spec(algorithm: &str, steps: u64, replicas: u32) -> serde_json::Value {
     serde_json::json!({
@@ -150,7 +150,7 @@ fn easgd_groups_pull_the_centre_towards_a_model_that_learns() {
     }
     // The centre, read by an observer, is itself a good model.
     let mut observer =
-        PsClient::connect(tandem::ps::client::ClientConfig::observer(servers, ps_common::TOKEN)).unwrap();
+        PsClient::connect(tandem_ps::client::ClientConfig::observer(servers, ps_common::TOKEN)).unwrap();
     let mut centre = vec![0.0; results[0].0[0].len()];
     observer.pull(0, &mut centre).unwrap();
     let mut t = trainer(&spec, 0, 1);

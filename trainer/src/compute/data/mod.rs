@@ -48,6 +48,8 @@ pub use split::{Splits, split};
 pub use stream::ShardStream;
 pub use synthetic::synthetic;
 pub use table::Loader;
+/// Sources return it; checkpoints, the PS wire and the group's gathers carry it.
+pub use tandem_api::DataCursor;
 
 /// Shape of one input sample: channels × height × width (an MLP sees it flattened).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -203,42 +205,6 @@ pub(crate) fn open(path: &Path) -> Result<Box<dyn Read + Send>, DataError> {
         Ok(Box::new(flate2::read::GzDecoder::new(BufReader::new(f))))
     } else {
         Ok(Box::new(f))
-    }
-}
-
-/// Position in the stream of batches: enough to resume it exactly.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DataCursor {
-    /// Epoch (0-based).
-    pub epoch: u64,
-    /// Next batch within the epoch (0-based).
-    pub batch: u64,
-    /// Position of the next unseen sample in the rank's sequence of the epoch (for a tar shard
-    /// stream: samples past the rank's first, in the epoch's shard order, so it names a shard and
-    /// an offset in it), when it is not `batch × batch size` because samples were skipped; the
-    /// image sources set it after every batch. `None`: `batch × batch size`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sample: Option<u64>,
-}
-
-impl DataCursor {
-    /// Whole numbers in [`DataCursor::words`].
-    pub const WORDS: usize = 3;
-
-    /// Batch `batch` of epoch `epoch`, its samples where no sample was skipped.
-    pub fn at(epoch: u64, batch: u64) -> Self {
-        Self { epoch, batch, sample: None }
-    }
-
-    /// The cursor as whole numbers, as collectives and the PS wire carry it: epoch, batch, and
-    /// the sample position plus one (0: none).
-    pub fn words(self) -> [u64; Self::WORDS] {
-        [self.epoch, self.batch, self.sample.map_or(0, |s| s.saturating_add(1))]
-    }
-
-    /// The cursor of [`DataCursor::words`].
-    pub fn of_words([epoch, batch, sample]: [u64; Self::WORDS]) -> Self {
-        Self { epoch, batch, sample: sample.checked_sub(1) }
     }
 }
 

@@ -33,8 +33,8 @@ use crate::compute::checkpoint::{MAX_COUNT, config_hash};
 use crate::compute::data::{DataCursor, DataError};
 use crate::compute::mirror::Mirror;
 use crate::compute::optim::OptimizerState;
-use crate::ps::wire::Progress;
-use crate::util::fs::{self, Newest};
+use tandem_ps::wire::Progress;
+use tandem_util::fs::{self, Newest};
 
 const MAGIC: &[u8; 8] = b"TPSCKPT1";
 const KEEP: usize = 2;

@@ -49,12 +49,12 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
-use crate::ps::wire::{self, ErrorCode, Frame, HEADER_LEN, NONCE_LEN, Peer, WireError};
-use crate::util::token;
 use checkpoint::CheckpointError;
 use gate::{Admission, Bounds, Ticket};
 use http::{Health, StatusDocument, StatusListener};
 use state::{Output, RestoreError, SessionId, ShardConfig, ShardState};
+use tandem_ps::wire::{self, ErrorCode, Frame, HEADER_LEN, NONCE_LEN, Peer, WireError};
+use tandem_util::token;
 
 /// How a server runs.
 #[derive(Clone, Debug)]
@@ -183,7 +183,7 @@ impl Server {
     }
 
     /// Also serves Prometheus metrics on `listener` while running, without the token
-    /// ([`crate::util::metrics`]; the shard's families of [`StatusDocument::metrics`] and
+    /// ([`tandem_util::metrics`]; the shard's families of [`StatusDocument::metrics`] and
     /// `tandem_ps_event_queue_depth`, the requests waiting for the shard task).
     pub fn with_metrics(mut self, listener: std::net::TcpListener) -> Self {
         self.metrics = Some(listener);
@@ -250,7 +250,7 @@ impl Server {
         });
         let metrics = match metrics.map(TcpListener::from_std).transpose() {
             Ok(listener) => {
-                listener.map(|l| tokio::spawn(crate::util::metrics::serve(l, metrics_page(&events_tx))))
+                listener.map(|l| tokio::spawn(tandem_util::metrics::serve(l, metrics_page(&events_tx))))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot serve metrics; training goes on without them");
@@ -318,13 +318,13 @@ impl Server {
 
 /// The PS's metrics page: the process's families, then the shard's, asked of the shard task as a
 /// status query is (without them when it does not answer within [`METRICS_QUERY_TIMEOUT`]).
-fn metrics_page(events: &mpsc::Sender<Event>) -> crate::util::metrics::Page {
+fn metrics_page(events: &mpsc::Sender<Event>) -> tandem_util::metrics::Page {
     let events = events.clone();
     Arc::new(move || {
         let events = events.clone();
         Box::pin(async move {
             use std::fmt::Write;
-            let mut page = crate::util::metrics::metrics().encode(false);
+            let mut page = tandem_util::metrics::metrics().encode(false);
             let depth = events.max_capacity() - events.capacity();
             let _ = writeln!(
                 page,
@@ -458,7 +458,7 @@ async fn actor(
                         "group count set by the operator: epochs planned from now on split the data among these groups"
                     );
                 }
-                state.set_planned_groups(groups);
+                state.post_groups(groups);
                 let _ = reply.send(());
                 Vec::new()
             }

@@ -15,7 +15,7 @@
 
 use std::io::{Read, Write};
 
-use crate::util::token;
+use tandem_util::token;
 
 /// Protocol magic at the start of every handshake message.
 pub const MAGIC: [u8; 4] = *b"TNDM";

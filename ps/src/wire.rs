@@ -10,7 +10,7 @@
 //! vectors `u64 count + count × u32`. Requests have kinds `0x01..=0x0B`, replies `0x80..=0x88`
 //! (`0x80`, the challenge, opens every connection), errors `0xEE`.
 //!
-//! Authentication, as the collectives' handshake (`comm::auth`): the server opens every
+//! Authentication, as the collectives' handshake (`tandem_comm::auth`): the server opens every
 //! connection with a [`Frame::Challenge`] (a fresh nonce); the client's [`Frame::Hello`] carries its
 //! own nonce and [`hello_proof`], an HMAC of the job token over both nonces and the hello's fields;
 //! the server's [`Frame::Welcome`] carries [`welcome_proof`], an HMAC under a distinct label over
@@ -34,7 +34,7 @@ use serde::Serialize;
 
 use tandem_api::PsMode;
 
-use crate::compute::data::DataCursor;
+use tandem_api::DataCursor;
 
 /// First two bytes after the length: "TP", Tandem parameter server.
 pub const MAGIC: [u8; 2] = *b"TP";
@@ -64,7 +64,7 @@ pub const HELLO_KIND: u8 = 0x01;
 /// Length of the server's challenge nonce.
 pub const NONCE_LEN: usize = 16;
 /// Length of a hello's proof (HMAC-SHA256).
-pub const PROOF_LEN: usize = crate::util::token::MAC_LEN;
+pub const PROOF_LEN: usize = tandem_util::token::MAC_LEN;
 
 /// The proof a hello carries: `HMAC(token, "tandem-ps-v4/hello" ‖ challenge ‖ client nonce ‖ peer
 /// ‖ total_len ‖ total_steps)`, binding the hello's fields to this connection's challenge, so the
@@ -84,7 +84,7 @@ pub fn hello_proof(
         }
         Peer::Observer => vec![1],
     };
-    crate::util::token::hmac(
+    tandem_util::token::hmac(
         token,
         &[
             b"tandem-ps-v4/hello",
@@ -107,7 +107,7 @@ pub fn welcome_proof(
     layout: [u64; 6],
 ) -> [u8; PROOF_LEN] {
     let [shard, replicas, start, end, total_len, total_steps] = layout.map(u64::to_le_bytes);
-    crate::util::token::hmac(
+    tandem_util::token::hmac(
         token,
         &[
             b"tandem-ps-v7/welcome",

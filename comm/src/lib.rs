@@ -237,13 +237,13 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
 }
 
 /// A communicator whose collectives are counted in the process's metrics
-/// ([`crate::util::metrics`]: time and bytes by operation); otherwise `C` itself.
+/// ([`tandem_util::metrics`]: time and bytes by operation); otherwise `C` itself.
 #[derive(Debug)]
 pub struct Metered<C>(pub C);
 
 impl<C: Communicator> Metered<C> {
     fn timed<T>(
-        op: &crate::util::metrics::Op,
+        op: &tandem_util::metrics::Op,
         len: usize,
         call: impl FnOnce() -> Result<T, CommError>,
     ) -> Result<T, CommError> {
@@ -265,23 +265,23 @@ impl<C: Communicator> Communicator for Metered<C> {
         self.0.backend()
     }
     fn allreduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CommError> {
-        let m = crate::util::metrics::metrics();
+        let m = tandem_util::metrics::metrics();
         Self::timed(&m.allreduce, buf.len(), || self.0.allreduce(buf, op))
     }
     fn reduce_scatter(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<Range<usize>, CommError> {
-        let m = crate::util::metrics::metrics();
+        let m = tandem_util::metrics::metrics();
         Self::timed(&m.reduce_scatter, buf.len(), || self.0.reduce_scatter(buf, op))
     }
     fn allgather(&mut self, buf: &mut [f32]) -> Result<(), CommError> {
-        let m = crate::util::metrics::metrics();
+        let m = tandem_util::metrics::metrics();
         Self::timed(&m.allgather, buf.len(), || self.0.allgather(buf))
     }
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
-        let m = crate::util::metrics::metrics();
+        let m = tandem_util::metrics::metrics();
         Self::timed(&m.broadcast, buf.len(), || self.0.broadcast(buf, root))
     }
     fn barrier(&mut self) -> Result<(), CommError> {
-        Self::timed(&crate::util::metrics::metrics().barrier, 0, || self.0.barrier())
+        Self::timed(&tandem_util::metrics::metrics().barrier, 0, || self.0.barrier())
     }
 }
 

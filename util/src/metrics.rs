@@ -18,7 +18,7 @@
 //!
 //! A worker's page holds them all ([`Metrics::encode`] with `worker`); a PS's page holds
 //! `restarts` and its shard's `tandem_ps_*` families
-//! ([`crate::ps::server::http::StatusDocument::metrics`]); a progress sidecar's its group's
+//! (`StatusDocument::metrics` in the trainer's `ps::server::http`); a progress sidecar's its group's
 //! `tandem_group_*` families.
 //!
 //! Recording is a few atomic operations, always on; serving starts only where the contract asks

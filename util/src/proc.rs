@@ -116,7 +116,7 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
     if high > FREE_PORTS_LOW {
         let span = u32::from(high - FREE_PORTS_LOW);
         // A failed read only makes every caller start at the bottom of the range.
-        let start = crate::util::token::random_bytes::<4>().map_or(0, u32::from_le_bytes) % span;
+        let start = crate::token::random_bytes::<4>().map_or(0, u32::from_le_bytes) % span;
         let mut held = Vec::with_capacity(n);
         for i in 0..span {
             if held.len() == n {

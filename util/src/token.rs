@@ -1,5 +1,5 @@
 //! Secrets of a job: random tokens and nonces from the kernel, HMAC-SHA256, and comparison in
-//! constant time. The collectives' handshake ([`crate::comm::auth`]), the parameter server's hello
+//! constant time. The collectives' handshake (`tandem_comm::auth`), the parameter server's hello
 //! and its HTTP endpoint, and the local runner's job token all use these, so each exists once.
 //!
 //! Guarantees: randomness comes from `/dev/urandom` (an error, never a weak fallback);

@@ -1,4 +1,5 @@
-//! Names and labels of every object the operator owns, derived only from the job's name.
+//! Names and labels of every object the operator owns, derived only from the job's name; the
+//! kubectl plugin and the tests find the objects through the same definitions.
 //!
 //! Guarantees: names are deterministic (the same job always yields the same names, so a reconcile
 //! after a crash finds what the last one created) and every child carries the labels in
@@ -6,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use tandem_api::Role;
+use crate::Role;
 
 /// The one field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "tandem-operator";

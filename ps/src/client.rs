@@ -220,7 +220,7 @@ pub struct Reported {
     /// The step.
     pub step: u64,
     /// Each rank's data cursor after it, in rank order (empty when the group sent none).
-    pub cursors: Vec<crate::compute::data::DataCursor>,
+    pub cursors: Vec<tandem_api::DataCursor>,
 }
 
 /// What the servers keep of a group's progress ([`PsClient::kept`]).
@@ -379,7 +379,7 @@ impl PsClient {
             Frame::Challenge { nonce } => nonce,
             other => return Err(ClientError::Unexpected { index, addr, op: "hello", got: other.name() }),
         };
-        let nonce: [u8; wire::NONCE_LEN] = crate::util::token::random_bytes().map_err(lost)?;
+        let nonce: [u8; wire::NONCE_LEN] = tandem_util::token::random_bytes().map_err(lost)?;
         let (peer, total_len, total_steps) =
             (self.config.peer, self.config.total_len, self.config.total_steps);
         let token = self.config.token.as_bytes();
@@ -393,7 +393,7 @@ impl PsClient {
         let token = self.config.token.as_bytes();
         let layout = [u64::from(shard), u64::from(replicas), start, end, total_len, total_steps];
         let want = wire::welcome_proof(token, &challenge, &nonce, layout);
-        if !crate::util::token::same_bytes(&proof, &want) {
+        if !tandem_util::token::same_bytes(&proof, &want) {
             self.conns[index] = None;
             return Err(ClientError::Unproven { index, addr });
         }
@@ -593,7 +593,7 @@ impl PsClient {
     pub fn push(&mut self, step: u64, offset: u64, values: &[f32]) -> Result<(), ClientError> {
         let started = std::time::Instant::now();
         let result = self.push_unmetered(step, offset, values);
-        crate::util::metrics::metrics().push.record(started.elapsed(), std::mem::size_of_val(values));
+        tandem_util::metrics::metrics().push.record(started.elapsed(), std::mem::size_of_val(values));
         result
     }
 
@@ -616,7 +616,7 @@ impl PsClient {
     pub fn pull(&mut self, offset: u64, out: &mut [f32]) -> Result<u64, ClientError> {
         let started = std::time::Instant::now();
         let result = self.pull_unmetered(offset, out);
-        crate::util::metrics::metrics().pull.record(started.elapsed(), std::mem::size_of_val(out));
+        tandem_util::metrics::metrics().pull.record(started.elapsed(), std::mem::size_of_val(out));
         result
     }
 
@@ -713,7 +713,7 @@ impl PsClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::data::DataCursor;
+    use tandem_api::DataCursor;
 
     fn report(step: u64) -> Reported {
         Reported { step, cursors: vec![DataCursor::at(1, step)] }

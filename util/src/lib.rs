@@ -1,4 +1,5 @@
-//! Small helpers below every layer; they import nothing else of the crate: files written atomically
+//! Small helpers below every layer of Tandem's processes (the collectives, the parameter server,
+//! the trainer); they import no other Tandem crate but the api's contract: files written atomically
 //! and pruned ([`fs`]), the process's Prometheus metrics ([`metrics`]), processes ([`proc`]), the
 //! preemption flag that SIGTERM sets ([`signal`]) and the job's secrets ([`token`]).
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use super::super::auth;
-use crate::util::token::hmac;
+use tandem_util::token::hmac;
 
 const MAGIC: [u8; 8] = *b"TNDMSHM2";
 const HEADER_BYTES: usize = 4096;
