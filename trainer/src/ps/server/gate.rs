@@ -160,7 +160,15 @@ pub struct Ticket {
 impl Ticket {
     /// Completes when this connection was evicted to make room for a newer one.
     pub async fn evicted(&self) {
-        self.evicted.notified().await;
+        self.eviction().await;
+    }
+
+    /// [`Ticket::evicted`] as a future that owns what it waits on, for a task that hands the
+    /// ticket to the code that learns when the peer is through (the HTTP service, once hyper has
+    /// parsed the head).
+    pub fn eviction(&self) -> impl Future<Output = ()> + Send + 'static {
+        let evicted = self.evicted.clone();
+        async move { evicted.notified().await }
     }
 
     /// The peer's address.

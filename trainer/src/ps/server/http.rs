@@ -5,7 +5,7 @@
 //! ([`tandem_api::contract::STATUS_PORT`]) and hands it to [`super::Server::run`], which
 //! serves it beside the training protocol and answers each request from the shard's state.
 //!
-//! Routes (HTTP/1.1, one request per connection, `Connection: close`):
+//! Routes (HTTP/1.1 on hyper, one request per connection, `Connection: close`):
 //! - `GET /status` with an `Authorization: Tandem-HMAC …` header that proves the job token without
 //!   sending it ([`tandem_api::contract::status_auth`]): 200 and a
 //!   [`tandem_api::contract::PsStatus`] as JSON, plus the shard's `mode`, `ready`, `groups`,
@@ -20,35 +20,44 @@
 //!   reason once the shard task has failed;
 //! - a missing, wrong, stale or replayed proof (or a bearer token, which this endpoint no longer
 //!   takes): 401; another path: 404; another method: 405; a request that is not HTTP: 400; a head
-//!   larger than [`MAX_HEAD`]: 431.
+//!   larger than [`MAX_HEAD`]: 431; a head not sent within [`READ_TIMEOUT`]: the connection is
+//!   closed.
 //!
 //! Guarantees: the endpoint shares nothing with the training connections but a bounded query
 //! queue to the shard's owner, so a malformed, slow or flooding client costs only its own
 //! connection. Accepting never waits: connections still sending their head are bounded per
 //! source and in all ([`super::gate`], [`MAX_CONNECTIONS`]; the oldest of the busiest source
-//! makes room), each must send its head within [`READ_TIMEOUT`] and is closed after one answer,
+//! makes room) until hyper has parsed their head, each must send its head within
+//! [`READ_TIMEOUT`] and is closed after one answer,
 //! so a probe of `/healthz` — one short head — is answered at once however many slow peers
 //! hold connections. MACs are compared in constant time.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use http_body_util::Full;
+use hyper::StatusCode;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use super::gate::{Admission, Bounds};
 use super::state::{GroupStatus, ShardStatus};
-use crate::ps::wire::Progress;
-use crate::util::token::{hex, hmac, same_bytes};
 use tandem_api::PsMode;
 use tandem_api::contract::{GROUPS_PATH, PsStatus, STATUS_PATH, status_auth};
+use tandem_ps::wire::Progress;
+use tandem_util::token::{hex, hmac, same_bytes};
 
-/// Largest request head (request line and headers, with the blank line that ends them) read, in
-/// bytes: one byte more is answered 431.
+/// Largest request head (request line and headers, with the blank line that ends them) taken, in
+/// bytes: one byte more is answered 431. (Also hyper's smallest read buffer.)
 pub const MAX_HEAD: usize = 8 * 1024;
 /// Time a client has to send its whole request head (below the operator's 3 s fetch timeout).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -248,7 +257,7 @@ pub async fn serve<D: Document>(
     let admission = Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
     let seen = Arc::new(Mutex::new(Nonces::default()));
     loop {
-        let (mut stream, peer) = match listener.listener.accept().await {
+        let (stream, peer) = match listener.listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::debug!(error = %e, "status endpoint: accept failed; retrying");
@@ -265,15 +274,34 @@ pub async fn serve<D: Document>(
             seen: seen.clone(),
         };
         tokio::spawn(async move {
-            let head = tokio::select! {
-                _ = ticket.evicted() => return,
-                head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)) => head,
-            };
-            drop(ticket);
-            match tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, head, &cx)).await {
-                Ok(Err(e)) => tracing::debug!(error = %e, "status endpoint: connection failed"),
-                Err(_) => tracing::debug!("status endpoint: answer not taken in time"),
-                Ok(Ok(())) => {}
+            // The ticket is held until hyper has parsed the head (the service is called then):
+            // only connections still sending theirs count against the bounds.
+            let evicted = ticket.eviction();
+            let ticket = Mutex::new(Some(ticket));
+            let cx = Arc::new(cx);
+            let service = service_fn(move |request: hyper::Request<Incoming>| {
+                if let Ok(mut held) = ticket.lock() {
+                    held.take();
+                }
+                let cx = cx.clone();
+                async move { Ok::<_, Infallible>(answer(&request, &cx).await) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(READ_TIMEOUT)
+                .max_header_size(MAX_HEAD)
+                // One byte past the limit is read, so that a head just over it is read whole and
+                // its 431 is not cut by a reset.
+                .max_buf_size(MAX_HEAD + 1)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = evicted => tracing::debug!(%peer, "status endpoint: a connection still sending its head made room"),
+                served = tokio::time::timeout(CONNECTION_TIMEOUT, connection) => match served {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "status endpoint: connection failed"),
+                    Err(_) => tracing::debug!("status endpoint: answer not taken in time"),
+                    Ok(Ok(())) => {}
+                },
             }
         });
     }
@@ -362,7 +390,8 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// A parsed request head: what routing needs.
+/// What a request's proof covers: its method, its target (path and query) and its
+/// `Authorization` header.
 #[derive(Debug, PartialEq, Eq)]
 struct Request {
     method: String,
@@ -370,57 +399,53 @@ struct Request {
     authorization: Option<String>,
 }
 
-enum HeadError {
-    TooLarge,
-    Malformed,
-    Closed,
+impl Request {
+    fn of(request: &hyper::Request<Incoming>) -> Self {
+        let target = request.uri().path_and_query().map_or_else(|| request.uri().path(), |p| p.as_str());
+        Self {
+            method: request.method().as_str().to_owned(),
+            path: target.to_owned(),
+            authorization: request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim().to_owned()),
+        }
+    }
 }
 
-async fn answer<D: Document>(
-    mut stream: TcpStream,
-    head: Result<Result<Vec<u8>, HeadError>, tokio::time::error::Elapsed>,
-    cx: &Endpoint<D>,
-) -> std::io::Result<()> {
-    let head = match head {
-        Ok(Ok(head)) => head,
-        Ok(Err(HeadError::TooLarge)) => {
-            return respond(&mut stream, 431, "text/plain", "request head too large\n").await;
-        }
-        Ok(Err(HeadError::Malformed)) => {
-            return respond(&mut stream, 400, "text/plain", "not an HTTP/1.x request\n").await;
-        }
-        Ok(Err(HeadError::Closed)) => return Ok(()),
-        Err(_) => {
-            return respond(&mut stream, 408, "text/plain", "request head not sent in time\n").await;
-        }
-    };
-    let Some(request) = parse_head(&head) else {
-        return respond(&mut stream, 400, "text/plain", "not an HTTP/1.x request\n").await;
-    };
-    let path = request.path.split('?').next().unwrap_or_default();
+type Answer = hyper::Response<Full<Bytes>>;
+
+async fn answer<D: Document>(request: &hyper::Request<Incoming>, cx: &Endpoint<D>) -> Answer {
+    let path = request.uri().path();
     let route = match path {
         "/healthz" => Route::Health,
         STATUS_PATH => Route::Status,
         "/metrics" => Route::Metrics,
         GROUPS_PATH => Route::Groups,
-        _ => return respond(&mut stream, 404, "text/plain", "not found: try GET /status\n").await,
+        _ => return respond(StatusCode::NOT_FOUND, "text/plain", "not found: try GET /status\n".to_owned()),
     };
     let method = if route == Route::Groups { "POST" } else { "GET" };
-    if request.method != method {
+    if request.method().as_str() != method {
         let why = format!("only {method} is served on {path}\n");
-        return respond_with(&mut stream, 405, "text/plain", &why, &format!("Allow: {method}\r\n")).await;
+        let mut answer = respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", why);
+        answer.headers_mut().insert(header::ALLOW, HeaderValue::from_static(method));
+        return answer;
     }
     if route == Route::Health {
         return match cx.health.failure() {
-            None => respond(&mut stream, 200, "text/plain", "ok\n").await,
-            Some(why) => respond(&mut stream, 503, "text/plain", &format!("{why}\n")).await,
+            None => respond(StatusCode::OK, "text/plain", "ok\n".to_owned()),
+            Some(why) => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
         };
     }
+    let request = Request::of(request);
     if let Some(why) = refuse_auth(&request, &cx.token, &cx.seen, unix_now()) {
-        return respond(&mut stream, 401, "text/plain", &why).await;
+        let mut answer = respond(StatusCode::UNAUTHORIZED, "text/plain", why);
+        answer.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(status_auth::SCHEME));
+        return answer;
     }
     if route == Route::Groups {
-        return post_groups(&mut stream, &request, cx.orders.as_ref()).await;
+        return post_groups(&request, cx.orders.as_ref()).await;
     }
     let (tx, rx) = oneshot::channel();
     let document = match cx.query.try_send(tx) {
@@ -428,15 +453,15 @@ async fn answer<D: Document>(
         Err(_) => None,
     };
     let Some(document) = document else {
-        return respond(&mut stream, 503, "text/plain", "the server is busy or stopping; retry\n").await;
+        return busy();
     };
     match route {
         Route::Metrics => {
-            respond(&mut stream, 200, "text/plain; version=0.0.4; charset=utf-8", &document.metrics()).await
+            respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", document.metrics())
         }
         _ => {
             let body = serde_json::to_string(&document).unwrap_or_else(|_| "{}".to_owned());
-            respond(&mut stream, 200, "application/json", &body).await
+            respond(StatusCode::OK, "application/json", body)
         }
     }
 }
@@ -451,20 +476,16 @@ enum Route {
 
 /// `POST /groups?count=<n>`, its proof checked: hands the count to the shard and answers 204 once
 /// it took it.
-async fn post_groups(
-    stream: &mut TcpStream,
-    request: &Request,
-    orders: Option<&Orders>,
-) -> std::io::Result<()> {
+async fn post_groups(request: &Request, orders: Option<&Orders>) -> Answer {
     let Some(orders) = orders else {
-        return respond(stream, 404, "text/plain", "this server holds no epoch plan: post to PS replica 0\n")
-            .await;
+        let why = "this server holds no epoch plan: post to PS replica 0\n".to_owned();
+        return respond(StatusCode::NOT_FOUND, "text/plain", why);
     };
     let Some(count) = group_count(&request.path) else {
         let why = format!(
             "send the group count as {GROUPS_PATH}?count=<n>, n a whole number from 1 to {MAX_GROUPS}\n"
         );
-        return respond(stream, 400, "text/plain", &why).await;
+        return respond(StatusCode::BAD_REQUEST, "text/plain", why);
     };
     let (tx, rx) = oneshot::channel();
     let taken = match orders.try_send((count, tx)) {
@@ -472,9 +493,9 @@ async fn post_groups(
         Err(_) => false,
     };
     if !taken {
-        return respond(stream, 503, "text/plain", "the server is busy or stopping; retry\n").await;
+        return busy();
     }
-    respond(stream, 204, "text/plain", "").await
+    respond(StatusCode::NO_CONTENT, "", String::new())
 }
 
 /// The `count` of a `/groups?count=<n>` target, if it is a whole number in `1..=MAX_GROUPS`.
@@ -484,128 +505,31 @@ fn group_count(target: &str) -> Option<u32> {
     value.parse().ok().filter(|n| (1..=MAX_GROUPS).contains(n))
 }
 
-/// Reads up to the blank line that ends the head; refuses heads over [`MAX_HEAD`], its blank line
-/// included. Reads at most one byte beyond the limit, so the limit is exact whatever the reads
-/// return.
-async fn read_head(stream: &mut (impl AsyncRead + Unpin)) -> Result<Vec<u8>, HeadError> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let room = (MAX_HEAD + 1 - buf.len()).min(chunk.len());
-        let n = stream.read(&mut chunk[..room]).await.map_err(|_| HeadError::Closed)?;
-        if n == 0 {
-            return if buf.is_empty() { Err(HeadError::Closed) } else { Err(HeadError::Malformed) };
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = find_end(&buf) {
-            let blank = if buf[end..].starts_with(b"\r\n\r\n") { 4 } else { 2 };
-            if end + blank > MAX_HEAD {
-                return Err(HeadError::TooLarge);
-            }
-            buf.truncate(end);
-            return Ok(buf);
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(HeadError::TooLarge);
-        }
-        // Fail fast on bytes that cannot start an HTTP request line.
-        if !buf.iter().take(16).all(|b| b.is_ascii_graphic() || *b == b' ' || *b == b'\r' || *b == b'\n') {
-            return Err(HeadError::Malformed);
-        }
-    }
+fn busy() -> Answer {
+    respond(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "text/plain",
+        "the server is busy or stopping; retry\n".to_owned(),
+    )
 }
 
-fn find_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").or_else(|| buf.windows(2).position(|w| w == b"\n\n"))
-}
-
-/// Parses the request line and the `Authorization` header; `None` if it is not HTTP/1.x.
-fn parse_head(head: &[u8]) -> Option<Request> {
-    let text = std::str::from_utf8(head).ok()?;
-    let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
-    let mut parts = lines.next()?.split(' ');
-    let (method, path, version) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some()
-        || !version.starts_with("HTTP/1.")
-        || method.is_empty()
-        || !method.bytes().all(|b| b.is_ascii_uppercase())
-        || !path.starts_with('/')
+/// An answer that no cache keeps; a 204 has no body and says nothing of one.
+fn respond(status: StatusCode, content_type: &str, body: String) -> Answer {
+    let mut answer = hyper::Response::new(Full::new(Bytes::from(body)));
+    *answer.status_mut() = status;
+    let headers = answer.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if status != StatusCode::NO_CONTENT
+        && let Ok(value) = HeaderValue::from_str(content_type)
     {
-        return None;
+        headers.insert(header::CONTENT_TYPE, value);
     }
-    let mut authorization = None;
-    for line in lines.filter(|l| !l.is_empty()) {
-        let (name, value) = line.split_once(':')?;
-        if name.eq_ignore_ascii_case("authorization") {
-            authorization = Some(value.trim().to_owned());
-        }
-    }
-    Some(Request { method: method.to_owned(), path: path.to_owned(), authorization })
-}
-
-async fn respond(stream: &mut TcpStream, code: u16, content_type: &str, body: &str) -> std::io::Result<()> {
-    respond_with(stream, code, content_type, body, "").await
-}
-
-/// [`respond`] with `extra` header lines (each ending in `\r\n`).
-async fn respond_with(
-    stream: &mut TcpStream,
-    code: u16,
-    content_type: &str,
-    body: &str,
-    extra: &str,
-) -> std::io::Result<()> {
-    let reason = match code {
-        200 => "OK",
-        204 => "No Content",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        _ => "Service Unavailable",
-    };
-    let mut extra = extra.to_owned();
-    if code == 401 {
-        extra.push_str(&format!("WWW-Authenticate: {}\r\n", status_auth::SCHEME));
-    }
-    // A 204 has no body, and says nothing of one.
-    let content = if code == 204 {
-        String::new()
-    } else {
-        format!("Content-Type: {content_type}\r\nContent-Length: {}\r\n", body.len())
-    };
-    let head = format!(
-        "HTTP/1.1 {code} {reason}\r\n{content}Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n"
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    answer
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_requests_and_refuses_what_is_not_http() {
-        let r = parse_head(b"GET /status?x=1 HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t0k\r\n").unwrap();
-        assert_eq!(r.method, "GET");
-        assert_eq!(r.path, "/status?x=1");
-        assert_eq!(r.authorization.as_deref(), Some("Bearer t0k"));
-        assert_eq!(parse_head(b"GET /status HTTP/1.0").unwrap().authorization, None);
-        for bad in [
-            &b"\x00\x01garbage"[..],
-            b"GET status HTTP/1.1",
-            b"GET / SPDY/3",
-            b"get / HTTP/1.1",
-            b"GET / HTTP/1.1 x",
-        ] {
-            assert_eq!(parse_head(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-        assert_eq!(parse_head(b"GET / HTTP/1.1\r\nno colon here"), None);
-    }
 
     fn request(path: &str, authorization: Option<String>) -> Request {
         Request { method: "GET".into(), path: path.into(), authorization }
@@ -632,45 +556,6 @@ mod tests {
         let bearer = request("/status", Some(format!("Bearer {token}")));
         assert!(refuse_auth(&bearer, token, &seen, ts).unwrap().contains("no longer takes"));
         assert!(refuse_auth(&request("/status", None), token, &seen, ts).unwrap().contains("Tandem-HMAC"));
-    }
-
-    /// A request whose head, blank line included, is `len` bytes.
-    fn head_of(len: usize) -> Vec<u8> {
-        let mut head = b"GET /healthz HTTP/1.1\r\nX-Pad: ".to_vec();
-        head.resize(len - 4, b'a');
-        head.extend_from_slice(b"\r\n\r\n");
-        head
-    }
-
-    #[tokio::test]
-    async fn the_head_limit_is_exact() {
-        for (len, fits) in [(MAX_HEAD - 1, true), (MAX_HEAD, true), (MAX_HEAD + 1, false), (9400, false)] {
-            let request = head_of(len);
-            let read = read_head(&mut request.as_slice()).await;
-            assert_eq!(read.is_ok(), fits, "a head of {len} bytes");
-            // The same through a stream that returns one byte per read.
-            let (mut client, mut server) = tokio::io::duplex(1);
-            let write = tokio::spawn(async move {
-                let _ = client.write_all(&request).await;
-            });
-            assert_eq!(read_head(&mut server).await.is_ok(), fits, "a head of {len} bytes, bytewise");
-            drop(server);
-            let _ = write.await;
-        }
-        // A bare `\n\n` ending counts its two bytes.
-        let mut lf = b"GET / HTTP/1.1\nX: ".to_vec();
-        lf.resize(MAX_HEAD - 2, b'a');
-        lf.extend_from_slice(b"\n\n");
-        assert!(read_head(&mut lf.as_slice()).await.is_ok());
-        lf.insert(20, b'a');
-        assert!(matches!(read_head(&mut lf.as_slice()).await, Err(HeadError::TooLarge)));
-    }
-
-    #[test]
-    fn finds_the_end_of_the_head() {
-        assert_eq!(find_end(b"GET / HTTP/1.1\r\n\r\nbody"), Some(14));
-        assert_eq!(find_end(b"GET / HTTP/1.1\n\n"), Some(14));
-        assert_eq!(find_end(b"GET / HTTP/1.1\r\n"), None);
     }
 
     /// `status.progress` (and so `kubectl get tj`'s Accuracy column) carries the accuracy as
