@@ -10,12 +10,12 @@
 
 use std::time::Instant;
 
-use tandem::compute::data::InputShape;
-use tandem::compute::data::{Loader, synthetic};
-use tandem::compute::device::Device;
-use tandem::compute::model::{self, Batch, Model, Net, engine};
-use tandem::compute::optim::Optimizer;
 use tandem_api::{ModelKind, ModelSpec, OptimizerSpec};
+use tandem_compute::device::Device;
+use tandem_compute::model::{self, Batch, Model, Net, engine};
+use tandem_compute::optim::Optimizer;
+use tandem_input::InputShape;
+use tandem_input::{Loader, synthetic};
 
 fn main() -> anyhow::Result<()> {
     let steps: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(200);

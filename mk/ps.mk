@@ -1,4 +1,4 @@
-# Parameter server (trainer/src/ps): its tests also run under `cargo test --workspace`.
+# Parameter server (the tandem-ps crate, ps/, and its server, trainer/src/ps): its tests also run under `cargo test --workspace`.
 
 .PHONY: ps-test
 

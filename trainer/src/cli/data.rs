@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use tandem::compute::data::images::{self, Sizing};
-use tandem::compute::data::shards::{self, ShardSet};
-use tandem::compute::data::{self, store};
 use tandem_api::{DataSource, DataSpec};
+use tandem_input::images::{self, Sizing};
+use tandem_input::shards::{self, ShardSet};
+use tandem_input::{self as data, store};
 
 /// The `tandem data` subcommands.
 #[derive(clap::Subcommand)]
@@ -155,8 +155,8 @@ fn memory_mib() -> (f64, f64) {
 }
 
 fn bench(a: BenchArgs) -> anyhow::Result<()> {
-    use tandem::compute::data::{ImageFolder, Prep, ShardReader, Source};
     use tandem_api::{DataSource, DataSpec, LoaderSpec};
+    use tandem_input::{ImageFolder, Prep, ShardReader, Source};
     let image_size = match a.image_size.as_deref() {
         Some(s) => {
             let v: Vec<u32> = s

@@ -12,8 +12,8 @@ pub mod wait_master;
 pub mod worker;
 
 use anyhow::{Context, bail};
-use tandem::compute::device::{Device, Preference};
 use tandem_api::contract::{JobConfig, LaunchEnv};
+use tandem_compute::device::{Device, Preference};
 
 /// Which device to compute on (`--device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]

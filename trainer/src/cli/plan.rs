@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use tandem::compute::data;
-use tandem::compute::model::{Batch, Engine, Model};
 use tandem_api::TrainingJobSpec;
 use tandem_api::plan::shape::{self, Cluster, LayerCost, LinkRate, Prediction, Workload, algorithm_name};
+use tandem_compute::model::{Batch, Engine, Model};
+use tandem_input as data;
 
 /// Arguments of `tandem plan`.
 #[derive(clap::Args)]

@@ -70,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut config = ServerConfig::new(shard);
     let job_identity = checkpoint::JobIdentity::of(&job);
-    let mirror = tandem::compute::mirror::Mirror::of(&job.spec, &job.job_name, &env.output);
+    let mirror = tandem_compute::mirror::Mirror::of(&job.spec, &job.job_name, &env.output);
     config.checkpoints = Some(
         checkpoint::Store::open(env.output.join(format!("ps-{index}")), index, job_identity)?
             .mirrored(mirror)?,

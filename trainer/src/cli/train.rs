@@ -16,12 +16,13 @@ use std::path::PathBuf;
 use super::DeviceArg;
 use crate::cli::report::display::Display;
 use anyhow::{Context, bail};
-use tandem::compute::mirror::Mirror;
-use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{Cadence, LocalStep, Trainer};
-use tandem::compute::{checkpoint, data};
 use tandem::runner::Event;
 use tandem::runner::progress::Merged;
+use tandem_compute::checkpoint;
+use tandem_compute::mirror::Mirror;
+use tandem_compute::optim::Optimizer;
+use tandem_compute::train::{Cadence, LocalStep, Trainer};
+use tandem_input as data;
 
 /// How progress is reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

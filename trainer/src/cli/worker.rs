@@ -12,12 +12,12 @@ use std::path::PathBuf;
 
 use super::DeviceArg;
 use anyhow::{Context, bail};
-use tandem::compute::train::TrainError;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
 use tandem_api::contract::user::{UserProgress, env as user_env};
 use tandem_api::contract::{GroupReport, Role, WorkerLine};
 use tandem_comm::Communicator;
+use tandem_compute::train::TrainError;
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -112,7 +112,7 @@ fn train<C: Communicator>(
     place: &Place,
     token: &str,
     args: &Args,
-    device: &tandem::compute::device::Device,
+    device: &tandem_compute::device::Device,
     comm: C,
     model_group: Option<Box<dyn tandem_kernels::split::Group>>,
 ) -> anyhow::Result<()> {

@@ -52,12 +52,12 @@ use std::time::{Duration, Instant};
 use tandem_api::TrainingJobSpec;
 use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
 
-use crate::compute::device::Device;
-use crate::compute::model::engine;
-use crate::compute::train::Trainer;
 use chaos::Chaos;
 use nodes::Placement;
 use state::{Input, Outcome, ProcId, Supervisor};
+use tandem_compute::device::Device;
+use tandem_compute::model::engine;
+use tandem_compute::train::Trainer;
 use tandem_ps::client::{ClientConfig, PsClient};
 use tandem_util::proc::{Exit, die_with_parent, free_ports};
 
@@ -416,7 +416,7 @@ fn write_private(path: &Path, text: &str) -> Result<(), RunnerError> {
 pub fn earlier_checkpoints(output: &Path) -> Result<Vec<PathBuf>, RunnerError> {
     let listing = |dir: &Path| io(format!("reading {}", dir.display()));
     let worker = output.join("checkpoints");
-    let mut found: Vec<PathBuf> = crate::compute::checkpoint::latest(&worker)
+    let mut found: Vec<PathBuf> = tandem_compute::checkpoint::latest(&worker)
         .map_err(|e| RunnerError::Config(e.to_string()))?
         .into_iter()
         .collect();
@@ -842,8 +842,8 @@ fn supervise(
 /// The model for the final evaluation; loading the data now fails early when it is missing.
 fn final_model(opts: &Options) -> Result<Trainer, RunnerError> {
     let spec = &opts.spec;
-    let data = crate::compute::data::open_job(spec, &opts.data_dir)
-        .map_err(|e| RunnerError::Config(e.to_string()))?;
+    let data =
+        tandem_input::open_job(spec, &opts.data_dir).map_err(|e| RunnerError::Config(e.to_string()))?;
     let world = spec.workers.ranks() as usize;
     Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))
 }

@@ -4,7 +4,7 @@
 //!
 //! Expected flow per rank: [`AllreduceStep::start`] (rank 0's initial weights go to every rank),
 //! [`AllreduceStep::resume`] (rank 0's checkpoint, if it has one, goes to every rank), then
-//! [`crate::compute::train::Trainer::run`] (or [`crate::compute::train::Trainer::step`]) with this step; [`AllreduceStep::gather_state`]
+//! [`tandem_compute::train::Trainer::run`] (or [`tandem_compute::train::Trainer::step`]) with this step; [`AllreduceStep::gather_state`]
 //! before a checkpoint, which rank 0 writes (the loop's [`GradientStep::prepare_checkpoint`]).
 //!
 //! Guarantees: every rank makes the same collective calls in the same order, so the weights are
@@ -12,7 +12,7 @@
 //! over the ranks after every step and resumed with the weights from rank 0's checkpoint. Rank `i` keeps optimizer state (momentum, Adam
 //! moments) for block `i` ([`tandem_comm::block_range`]) only, so optimizer memory is split over
 //! the group. The optimizer is elementwise, so one step equals a single process's step on the
-//! averaged gradient: with the batch sharding of [`crate::compute::data`], the group trains like one
+//! averaged gradient: with the batch sharding of [`tandem_input`], the group trains like one
 //! process with the group-size× batch, up to the order of floating-point sums.
 //!
 //! Model parallelism (a model with a [`Partition`], `model.parallelism` hybrid or model): the
@@ -30,12 +30,12 @@ use std::path::Path;
 use tandem_api::OptimizerSpec;
 
 use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, gather_cursors};
-use crate::compute::checkpoint::Checkpoint;
-use crate::compute::data::DataCursor;
-use crate::compute::model::Partition;
-use crate::compute::optim::{Optimizer, OptimizerState};
-use crate::compute::train::{GradientStep, TrainError, Trainer};
 use tandem_comm::{Communicator, ReduceOp, block_range};
+use tandem_compute::checkpoint::Checkpoint;
+use tandem_compute::model::Partition;
+use tandem_compute::optim::{Optimizer, OptimizerState};
+use tandem_compute::train::{GradientStep, TrainError, Trainer};
+use tandem_input::DataCursor;
 
 /// A group rank's sharded synchronous SGD step.
 pub struct AllreduceStep<C: Communicator> {
@@ -167,7 +167,7 @@ impl<C: Communicator> AllreduceStep<C> {
     }
 
     /// Resumes the whole group from `from`, a worker checkpoint and the path it was read from
-    /// ([`crate::compute::checkpoint::newest_intact`]), which only rank 0 reads (the other ranks
+    /// ([`tandem_compute::checkpoint::newest_intact`]), which only rank 0 reads (the other ranks
     /// pass `None`; their output folder may be another machine's): rank 0 restores it and sends
     /// every rank the weights, the step and the optimizer state, and each rank moves its schedule
     /// and data stream to that step. Returns the step the group continues from; 0, with nothing

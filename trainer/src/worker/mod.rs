@@ -9,7 +9,7 @@
 //!
 //! Guarantees:
 //! - Data: global rank `group × groupSize + rank` of `groups × groupSize` ranks
-//!   ([`crate::compute::data`]), so one group of p ranks sees at every step exactly the batch of one
+//!   ([`tandem_input`]), so one group of p ranks sees at every step exactly the batch of one
 //!   process with the p× batch.
 //! - A restarted group of a PS job continues its step count from the PS
 //!   ([`ps_step::PsStep::start_step`]) with the learning-rate schedule and data stream of
@@ -23,7 +23,7 @@
 //!   (weights, the model's non-trainable state, the gathered optimizer state, the step) as a
 //!   worker checkpoint into
 //!   `<output>/checkpoints/` (the layout `tandem train` uses; the newest
-//!   [`crate::compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest intact one (a damaged newest falls back to the one before), so a
+//!   [`tandem_compute::train::KEEP_CHECKPOINTS`] are kept). A group that starts while rank 0's folder holds one resumes from the newest intact one (a damaged newest falls back to the one before), so a
 //!   restarted group continues at its last checkpoint and ends with the model of an uninterrupted
 //!   run.
 //! - Preemption: with [`Place::stop_on_sigterm`], after SIGTERM to any rank during training the
@@ -50,17 +50,17 @@ use std::path::{Path, PathBuf};
 use tandem_api::JobPlan;
 use tandem_api::contract::JobConfig;
 
-use crate::compute::checkpoint;
-use crate::compute::device::Device;
-use crate::compute::mirror::Mirror;
-use crate::compute::model::{self, ModelError};
-use crate::compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use allreduce::AllreduceStep;
 use ps_step::PsStep;
 pub use shared::Shared;
 use tandem_api::contract::GroupReport;
 use tandem_comm::tcp::{self, TcpComm, TcpConfig};
 use tandem_comm::{CommError, Communicator};
+use tandem_compute::checkpoint;
+use tandem_compute::device::Device;
+use tandem_compute::mirror::Mirror;
+use tandem_compute::model::{self, ModelError};
+use tandem_compute::train::{Cadence, GradientStep, TrainError, Trainer};
 use tandem_kernels::net::NetError;
 use tandem_kernels::split::Group;
 use tandem_ps::client::{ClientConfig, PsClient};
@@ -208,7 +208,7 @@ pub fn run<C: Communicator>(
     check_place(job, place, &comm)?;
     let world = spec.workers.ranks() as usize;
     let global = (place.group as usize * size + place.rank as usize) % world;
-    let data = crate::compute::data::open_job(spec, data_dir).map_err(TrainError::from)?;
+    let data = tandem_input::open_job(spec, data_dir).map_err(TrainError::from)?;
     // The job's facts, decided once: what the servers do and how long the run is. The servers'
     // schedule spans the plan's step count, which the hello tells them.
     let plan =

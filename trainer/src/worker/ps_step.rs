@@ -4,7 +4,7 @@
 //! Expected flow per rank: [`PsStep::start`] (offer the initial weights of this rank's block,
 //! join, pull the current weights, allgather them, so a group that joins late starts from the
 //! PS's weights), [`PsStep::start_step`] to continue a restarted group's step count, then
-//! [`crate::compute::train::Trainer::run`] (or [`crate::compute::train::Trainer::step`]) with this step.
+//! [`tandem_compute::train::Trainer::run`] (or [`tandem_compute::train::Trainer::step`]) with this step.
 //!
 //! A restarted group (launch attempt above 0), and a group that the servers know from the
 //! checkpoints they resumed from (the whole job started again, as `tandem train --resume` does),
@@ -46,12 +46,12 @@ use std::ops::Range;
 
 use tandem_api::OptimizerSpec;
 
-use crate::compute::data::DataCursor;
-use crate::compute::optim::{Optimizer, OptimizerState};
-use crate::compute::train::{EpochShare, GradientStep, TrainError};
 use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
 use tandem_comm::{Communicator, ReduceOp, block_range};
+use tandem_compute::optim::{Optimizer, OptimizerState};
+use tandem_compute::train::{EpochShare, GradientStep, TrainError};
+use tandem_input::DataCursor;
 use tandem_ps::client::{ClientError, Kept, PsClient};
 use tandem_ps::wire::{ErrorCode, MAX_EPOCHS, Peer, Progress};
 

@@ -1,9 +1,9 @@
 //! Whole numbers through the collectives, which move `f32`s: a rank's data cursor and other
 //! counters go as 16-bit pieces, which an `f32` holds exactly.
 
-use crate::compute::data::DataCursor;
-use crate::compute::train::TrainError;
 use tandem_comm::{CommError, Communicator, block_range};
+use tandem_compute::train::TrainError;
+use tandem_input::DataCursor;
 
 /// Broadcasts whole numbers from rank 0 exactly: each goes as four 16-bit pieces, which an `f32`
 /// holds without rounding.

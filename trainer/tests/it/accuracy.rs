@@ -5,11 +5,11 @@
 
 use crate::trainer_support;
 
-use tandem::compute::data;
-use tandem::compute::device::Device;
-use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{Cadence, LocalStep, RunSummary, Trainer};
 use tandem_api::contract::GroupReport;
+use tandem_compute::device::Device;
+use tandem_compute::optim::Optimizer;
+use tandem_compute::train::{Cadence, LocalStep, RunSummary, Trainer};
+use tandem_input as data;
 
 fn train_example(name: &str) -> (RunSummary, Vec<GroupReport>) {
     let spec = trainer_support::example(name);

@@ -2,12 +2,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use tandem::compute::checkpoint::{
+use tandem_api::{OptimizerKind, OptimizerSpec};
+use tandem_compute::checkpoint::{
     self, Checkpoint, CheckpointError, CheckpointMeta, FORMAT_VERSION, NamedTensor,
 };
-use tandem::compute::data::DataCursor;
-use tandem::compute::optim::Optimizer;
-use tandem_api::{OptimizerKind, OptimizerSpec};
+use tandem_compute::optim::Optimizer;
+use tandem_input::DataCursor;
 
 fn sample(kind: &str, range: Option<(usize, usize)>) -> Checkpoint {
     let mut opt =

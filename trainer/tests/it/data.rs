@@ -7,9 +7,9 @@ use crate::trainer_support;
 use std::io::Write;
 use std::path::Path;
 
-use tandem::compute::data::InputShape;
-use tandem::compute::data::{self, CsvOptions, DataError, Loader, read_csv, read_idx, synthetic};
 use tandem_api::{DataSource, DataSpec};
+use tandem_input::InputShape;
+use tandem_input::{self as data, CsvOptions, DataError, Loader, read_csv, read_idx, synthetic};
 
 fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();

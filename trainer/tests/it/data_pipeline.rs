@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tandem::compute::data::augment::{Crop, Transform};
-use tandem::compute::data::images::{self, Sizing};
-use tandem::compute::data::{self, DataCursor, ImageFolder, Prep, ShardReader, ShardSet, Source};
 use tandem_api::{TextTokens, contract};
+use tandem_input::augment::{Crop, Transform};
+use tandem_input::images::{self, Sizing};
+use tandem_input::{self as data, DataCursor, ImageFolder, Prep, ShardReader, ShardSet, Source};
 
 use crate::preemption::{Worker, stopped_at};
 use crate::ps_common::Job;

@@ -10,11 +10,11 @@
 //! candle's conv2 gradient is 4× and conv1's 16× too small. The convolution gradients are
 //! therefore checked against central differences of candle's own loss, not against its backward.
 
-use tandem::compute::data::InputShape;
-use tandem::compute::data::synthetic;
-use tandem::compute::device::Device;
-use tandem::compute::model::{self, Batch, Engine, Model, Net};
 use tandem_api::{ModelKind, ModelSpec};
+use tandem_compute::device::Device;
+use tandem_compute::model::{self, Batch, Engine, Model, Net};
+use tandem_input::InputShape;
+use tandem_input::synthetic;
 
 /// Asserts `got ≈ want` elementwise, within `tol` of the largest magnitude (at least 1).
 #[track_caller]

@@ -5,11 +5,11 @@
 
 use crate::trainer_support;
 
-use tandem::compute::data::{self, DataCursor};
-use tandem::compute::device::Device;
-use tandem::compute::optim::{Optimizer, OptimizerState};
-use tandem::compute::train::{Cadence, EpochShare, GradientStep, LocalStep, TrainError, Trainer};
 use tandem_api::TrainingJobSpec;
+use tandem_compute::device::Device;
+use tandem_compute::optim::{Optimizer, OptimizerState};
+use tandem_compute::train::{Cadence, EpochShare, GradientStep, LocalStep, TrainError, Trainer};
+use tandem_input::{self as data, DataCursor};
 
 /// A local step whose epochs are split as `plan` says (epochs past its end: sat out).
 struct Planned {

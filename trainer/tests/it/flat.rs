@@ -3,11 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use candle_core::Tensor;
-use tandem::compute::data::InputShape;
-use tandem::compute::data::synthetic;
-use tandem::compute::device::Device;
-use tandem::compute::model::{Model, Net};
 use tandem_api::{ModelKind, ModelSpec};
+use tandem_compute::device::Device;
+use tandem_compute::model::{Model, Net};
+use tandem_input::InputShape;
+use tandem_input::synthetic;
 
 fn models() -> Vec<Net> {
     let shape = InputShape { channels: 1, height: 8, width: 8 };

@@ -9,10 +9,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use tandem::compute::data::images::{self, Sizing};
-use tandem::compute::data::shards::{self, ShardSet};
-use tandem::compute::data::{self, ShardReader, Source, Splits};
 use tandem_api::{DataSource, DataSpec};
+use tandem_input::images::{self, Sizing};
+use tandem_input::shards::{self, ShardSet};
+use tandem_input::{self as data, ShardReader, Source, Splits};
 
 use crate::trainer_support;
 

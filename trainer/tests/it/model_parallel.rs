@@ -17,24 +17,24 @@ use std::sync::{Arc, Barrier};
 
 use crate::ps_common::{Job, addrs, worker_config};
 use crate::runner_support::{Run, manifest_as, one_job_at_a_time, set, train};
-use tandem::compute::checkpoint::{self, Checkpoint};
-use tandem::compute::device::Device;
-use tandem::compute::model::{BatchStats, Model, Split};
-use tandem::compute::train::Trainer;
 use tandem::worker::Shared;
 use tandem::worker::ps_step::PsStep;
 use tandem_api::contract::Endpoint;
 use tandem_api::{PsMode, TrainingJobSpec};
 use tandem_comm::Communicator;
 use tandem_comm::tcp::{self, TcpConfig};
+use tandem_compute::checkpoint::{self, Checkpoint};
+use tandem_compute::device::Device;
+use tandem_compute::model::{BatchStats, Model, Split};
+use tandem_compute::train::Trainer;
 use tandem_ps::client::PsClient;
 
 fn spec_of(json: serde_json::Value) -> TrainingJobSpec {
     serde_json::from_value(json).unwrap()
 }
 
-fn data(spec: &TrainingJobSpec) -> tandem::compute::data::Splits {
-    tandem::compute::data::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap()
+fn data(spec: &TrainingJobSpec) -> tandem_input::Splits {
+    tandem_input::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap()
 }
 
 /// Rank `rank` of a split group of `size` over `comm`: a trainer whose model splits its dense

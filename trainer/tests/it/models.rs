@@ -7,14 +7,14 @@
 
 use crate::trainer_support;
 
-use tandem::compute::data::{self, InputShape, Splits, text};
-use tandem::compute::device::Device;
-use tandem::compute::model::{self, Batch, Model, Net};
-use tandem::compute::optim::Optimizer;
-use tandem::compute::params::ParamStore;
-use tandem::compute::rng::Rng;
-use tandem::compute::train::{LocalStep, Trainer};
 use tandem_api::{ModelKind, ModelSpec, TrainingJobSpec, VggVariant};
+use tandem_compute::device::Device;
+use tandem_compute::model::{self, Batch, Model, Net};
+use tandem_compute::optim::Optimizer;
+use tandem_compute::params::ParamStore;
+use tandem_compute::train::{LocalStep, Trainer};
+use tandem_input::{self as data, InputShape, Splits, text};
+use tandem_util::rng::Rng;
 
 fn resnet(depth: u32, width: u32) -> ModelSpec {
     ModelSpec { kind: ModelKind::Resnet, depth: Some(depth), width: Some(width), ..ModelSpec::default() }

@@ -2,8 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use tandem::compute::optim::{LrSchedule, Optimizer};
 use tandem_api::{OptimizerKind, OptimizerSpec, ScheduleKind, ScheduleSpec};
+use tandem_compute::optim::{LrSchedule, Optimizer};
 
 fn sgd(momentum: f64, nesterov: bool, weight_decay: f64) -> OptimizerSpec {
     OptimizerSpec { kind: OptimizerKind::Sgd, momentum, nesterov, weight_decay, ..OptimizerSpec::default() }

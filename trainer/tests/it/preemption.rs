@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ps_common::{Job, eventually, loopback_endpoints};
-use tandem::compute::checkpoint::{self, Checkpoint};
 use tandem_api::contract::{self, Role};
+use tandem_compute::checkpoint::{self, Checkpoint};
 
 const STEPS: u64 = 3000;
 

@@ -7,8 +7,8 @@ use std::net::TcpStream;
 
 use crate::ps_common::{Job, TOKEN, worker_config};
 use crate::ps_faults::{closed, hello, raw_challenged, reply, send};
-use tandem::compute::data::DataCursor;
 use tandem_api::contract::JobConfig;
+use tandem_input::DataCursor;
 use tandem_ps::client::{ClientError, PsClient};
 use tandem_ps::wire::{ErrorCode, Frame, Peer, Progress};
 

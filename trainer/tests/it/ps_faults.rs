@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::ps_common::{Job, TOKEN, addrs, eventually, worker_config};
-use tandem::compute::data::DataCursor;
+use tandem_input::DataCursor;
 use tandem_ps::client::{ClientError, PsClient};
 use tandem_ps::wire::{self, ErrorCode, Frame, PROTOCOL_VERSION, Peer};
 

@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 
 use crate::ps_common::{Job, addrs, worker_config};
-use tandem::compute::device::Device;
-use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{LocalStep, Trainer};
 use tandem::worker::ps_step::PsStep;
 use tandem_api::PsMode;
 use tandem_api::TrainingJobSpec;
 use tandem_comm::tcp::{self, TcpComm, TcpConfig};
+use tandem_compute::device::Device;
+use tandem_compute::optim::Optimizer;
+use tandem_compute::train::{LocalStep, Trainer};
 use tandem_ps::client::PsClient;
 
 fn spec(algorithm: &str, steps: u64, replicas: u32) -> serde_json::Value {
@@ -42,7 +42,7 @@ fn for_groups(mut json: serde_json::Value, groups: u32, size: u32) -> serde_json
 }
 
 fn trainer(spec: &TrainingJobSpec, rank: usize, world: usize) -> Trainer {
-    let data = tandem::compute::data::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap();
+    let data = tandem_input::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap();
     Trainer::new(spec, data, &Device::Cpu, rank, world).unwrap()
 }
 

@@ -12,11 +12,11 @@
 
 use crate::trainer_support;
 
-use tandem::compute::data::{self, Splits};
-use tandem::compute::device::Device;
-use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{Cadence, LocalStep, RunSummary, Trainer};
 use tandem_api::TrainingJobSpec;
+use tandem_compute::device::Device;
+use tandem_compute::optim::Optimizer;
+use tandem_compute::train::{Cadence, LocalStep, RunSummary, Trainer};
+use tandem_input::{self as data, Splits};
 
 /// Trains `spec` on the first `train` training and `test` test samples of its data.
 fn train(spec: &TrainingJobSpec, train: usize, test: usize) -> RunSummary {

@@ -4,11 +4,11 @@
 
 use crate::trainer_support;
 
-use tandem::compute::data;
-use tandem::compute::device::Device;
-use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{LocalStep, Trainer};
 use tandem_api::TrainingJobSpec;
+use tandem_compute::device::Device;
+use tandem_compute::optim::Optimizer;
+use tandem_compute::train::{LocalStep, Trainer};
+use tandem_input as data;
 
 fn trainer(spec: &TrainingJobSpec) -> (Trainer, LocalStep) {
     let splits = data::load(&spec.data, &trainer_support::data_dir(), spec.training.seed).unwrap();

@@ -13,18 +13,18 @@ use std::time::Duration;
 use crate::ps_common::{Job, addrs, worker_config};
 use crate::trainer_support;
 
-use tandem::compute::checkpoint::Checkpoint;
-use tandem::compute::data::{Dataset, InputShape, Loader, synthetic};
-use tandem::compute::device::Device;
-use tandem::compute::model::{self, Batch, BatchStats, Model, ModelError};
-use tandem::compute::optim::Optimizer;
-use tandem::compute::params::FlatLayout;
-use tandem::compute::train::{LocalStep, Trainer};
 use tandem::worker::allreduce::AllreduceStep;
 use tandem::worker::ps_step::PsStep;
 use tandem_api::TrainingJobSpec;
 use tandem_comm::algo::{AlgoConfig, Collectives};
 use tandem_comm::transport::LocalTransport;
+use tandem_compute::checkpoint::Checkpoint;
+use tandem_compute::device::Device;
+use tandem_compute::model::{self, Batch, BatchStats, Model, ModelError};
+use tandem_compute::optim::Optimizer;
+use tandem_compute::params::FlatLayout;
+use tandem_compute::train::{LocalStep, Trainer};
+use tandem_input::{Dataset, InputShape, Loader, synthetic};
 use tandem_ps::client::PsClient;
 
 const SHAPE: InputShape = InputShape { channels: 1, height: 2, width: 2 };

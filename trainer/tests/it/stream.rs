@@ -5,11 +5,11 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use tandem::compute::data::{CsvOptions, DataCursor, InputShape, ShardStream, Source, read_csv, split};
-use tandem::compute::device::Device;
-use tandem::compute::model;
-use tandem::compute::optim::Optimizer;
-use tandem::compute::train::{LocalStep, Trainer};
+use tandem_compute::device::Device;
+use tandem_compute::model;
+use tandem_compute::optim::Optimizer;
+use tandem_compute::train::{LocalStep, Trainer};
+use tandem_input::{CsvOptions, DataCursor, InputShape, ShardStream, Source, read_csv, split};
 
 use crate::trainer_support;
 
@@ -17,8 +17,7 @@ use crate::trainer_support;
 /// number, so that a sample names itself; returns the paths and the row count.
 fn digit_shards(dir: &Path, shards: usize, id: bool) -> (Vec<PathBuf>, usize) {
     let opts = CsvOptions { label_column: None, classes: Some(10), scale: 16.0, shape: None };
-    let digits =
-        read_csv(&trainer_support::data_dir().join(tandem::compute::data::DIGITS_FILE), &opts).unwrap();
+    let digits = read_csv(&trainer_support::data_dir().join(tandem_input::DIGITS_FILE), &opts).unwrap();
     let mut texts = vec![String::new(); shards];
     for i in 0..digits.len() {
         let row: Vec<String> = digits.sample(i).iter().map(|v| v.to_string()).collect();

@@ -8,7 +8,7 @@ use tandem_api::{TrainingJob, TrainingJobSpec};
 /// The repository's data folder; panics with the command to run when the built-in sets are missing.
 pub fn data_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data");
-    for f in [tandem::compute::data::MNIST5K_FILE, tandem::compute::data::DIGITS_FILE] {
+    for f in [tandem_input::MNIST5K_FILE, tandem_input::DIGITS_FILE] {
         assert!(
             dir.join(f).exists(),
             "{} is missing: run `make data` (scripts/fetch-data.sh) before these tests",

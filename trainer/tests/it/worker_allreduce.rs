@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::runner_support::{
     Run, data_dir, example, example_yaml, manifest_as, one_job_at_a_time, set, train,
 };
-use tandem::compute::checkpoint::{self, Checkpoint};
+use tandem_compute::checkpoint::{self, Checkpoint};
 
 /// `tandem train --output json`, asserting that it succeeded and ended with the finished event.
 fn train_ok(manifest: &Path, out: &Path) -> Run {

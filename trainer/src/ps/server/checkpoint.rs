@@ -29,10 +29,10 @@ use tandem_api::OptimizerKind;
 use tandem_api::contract::JobConfig;
 
 use super::state::Snapshot;
-use crate::compute::checkpoint::{MAX_COUNT, config_hash};
-use crate::compute::data::{DataCursor, DataError};
-use crate::compute::mirror::Mirror;
-use crate::compute::optim::OptimizerState;
+use tandem_compute::checkpoint::{MAX_COUNT, config_hash};
+use tandem_compute::mirror::Mirror;
+use tandem_compute::optim::OptimizerState;
+use tandem_input::{DataCursor, DataError};
 use tandem_ps::wire::Progress;
 use tandem_util::fs::{self, Newest};
 

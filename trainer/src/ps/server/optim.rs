@@ -1,13 +1,13 @@
 //! The update a parameter-server shard runs on its slice in sync and async modes: the compute
 //! layer's flat-slice [`Optimizer`] driven by the job's [`LrSchedule`].
 //!
-//! Guarantees: the rule is exactly the worker-side one (`crate::compute::optim`), so moving the update
+//! Guarantees: the rule is exactly the worker-side one (`tandem_compute::optim`), so moving the update
 //! between workers and servers changes nothing numerically; its state is exported for shard
 //! checkpoints and restored exactly.
 
 use tandem_api::OptimizerSpec;
 
-use crate::compute::optim::{LrSchedule, Optimizer, OptimizerState};
+use tandem_compute::optim::{LrSchedule, Optimizer, OptimizerState};
 
 /// Optimizer plus schedule over one shard.
 #[derive(Clone, Debug)]

@@ -60,8 +60,8 @@ use std::ops::Range;
 use serde::Serialize;
 use tandem_api::job::OptimizerSpec;
 
-use crate::compute::checkpoint::MAX_COUNT;
-use crate::compute::optim::OptimizerState;
+use tandem_compute::checkpoint::MAX_COUNT;
+use tandem_compute::optim::OptimizerState;
 use tandem_util::token;
 
 use super::finite::{copy_finite, first_non_finite};

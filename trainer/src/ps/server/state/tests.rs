@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use tandem_api::job::OptimizerSpec;
 
-use crate::compute::data::DataCursor;
+use tandem_input::DataCursor;
 
 use super::*;
 

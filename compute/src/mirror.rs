@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 
 use tandem_api::TrainingJobSpec;
 
-use crate::compute::data::DataError;
-use crate::compute::data::store;
+use tandem_input::DataError;
+use tandem_input::store;
 
 /// The job's checkpoint prefix in object storage, and the local folder it mirrors.
 #[derive(Clone, Debug, PartialEq, Eq)]

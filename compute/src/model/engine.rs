@@ -3,7 +3,7 @@
 //! buffer and write their gradients in place into its flat gradient buffer.
 //!
 //! Nothing is copied between formats inside a step: [`Model::forward_backward`] hands the
-//! [`crate::compute::params::ParamStore`]'s slices straight to
+//! [`crate::params::ParamStore`]'s slices straight to
 //! [`tandem_kernels::net::Network::forward_backward`], which keeps its activations in buffers it
 //! owns (allocated once, for the largest batch seen). The flat order, the names and the
 //! initialisation are those of the candle backend ([`super::net`]): He-uniform weights drawn in
@@ -17,10 +17,10 @@ use tandem_kernels::models::{self, GptConfig, ResNetConfig, ResNetFamily, VggCon
 use tandem_kernels::net::{self as knet, NetError, Network};
 
 use super::{Batch, BatchStats, Model, ModelError};
-use crate::compute::data::InputShape;
-use crate::compute::device::Device;
-use crate::compute::params::FlatLayout;
-use crate::compute::rng::Rng;
+use crate::device::Device;
+use crate::params::FlatLayout;
+use tandem_input::InputShape;
+use tandem_util::rng::Rng;
 
 /// Environment variable that sets the compute threads of a process (a whole number ≥ 1).
 pub const THREADS_ENV: &str = "TANDEM_THREADS";

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use sha2::{Digest, Sha256};
 
-use crate::compute::data::DataCursor;
-use crate::compute::optim::OptimizerState;
+use crate::optim::OptimizerState;
+use tandem_input::DataCursor;
 use tandem_util::fs;
 use tandem_util::token::hex;
 

@@ -15,9 +15,9 @@ use tandem_kernels::split::{self as ksplit, Group, SplitNetwork};
 
 use super::engine::{self, Engine};
 use super::{Batch, BatchStats, Model, ModelError, Partition};
-use crate::compute::data::InputShape;
-use crate::compute::device::Device;
-use crate::compute::params::FlatLayout;
+use crate::device::Device;
+use crate::params::FlatLayout;
+use tandem_input::InputShape;
 
 /// A model whose dense layers are split over a group.
 pub struct Split {

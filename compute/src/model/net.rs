@@ -1,6 +1,6 @@
 //! The candle backend of today's model families: one candle [`Var`] per parameter tensor (candle's
 //! backward of a view into one big variable would allocate full-size zero gradients per view),
-//! exposed through the flat [`FlatLayout`] of [`crate::compute::params`], and the cross-entropy
+//! exposed through the flat [`FlatLayout`] of [`crate::params`], and the cross-entropy
 //! loss and its gradient by candle's autograd.
 //!
 //! Guarantees: `write_params(read_params())` leaves the weights bit-for-bit unchanged; the flat
@@ -15,10 +15,10 @@ use tandem_api::{ModelKind, ModelSpec};
 use super::cnn::LeNet;
 use super::mlp::Mlp;
 use super::{BACKEND_ENV, Batch, BatchStats, Model, ModelError, ctx};
-use crate::compute::data::InputShape;
-use crate::compute::device;
-use crate::compute::params::{FlatError, FlatLayout};
-use crate::compute::rng::Rng;
+use crate::device;
+use crate::params::{FlatError, FlatLayout};
+use tandem_input::InputShape;
+use tandem_util::rng::Rng;
 
 /// Collects a model's parameters as it declares them: names, shapes and He-uniform initial values
 /// (suits ReLU; biases zero), drawn in declaration order from one seeded generator.

@@ -2,7 +2,7 @@
 //! data set that fits in memory.
 
 use super::{DataCursor, DataError, Dataset, InputShape, Source};
-use crate::compute::rng::Rng;
+use tandem_util::rng::Rng;
 
 /// Shuffled, sharded mini-batches over a training set for one rank.
 #[derive(Debug)]

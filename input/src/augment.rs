@@ -16,7 +16,7 @@ use image::imageops::FilterType;
 use tandem_api::DataSpec;
 
 use super::{DataError, InputShape};
-use crate::compute::rng::Rng;
+use tandem_util::rng::Rng;
 
 /// The crop of a training image.
 #[derive(Clone, Debug, PartialEq)]

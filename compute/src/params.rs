@@ -11,7 +11,7 @@
 //! How the two parts travel: the trainable parameters are what optimizers update, locally or on
 //! the parameter servers; the state is carried beside them and never passes through an optimizer.
 //! Worker checkpoints store both (state tensors are named `state.<name>`); the ranks of a group
-//! average their state after every step ([`crate::compute::train::GradientStep::sync_state`]),
+//! average their state after every step ([`crate::train::GradientStep::sync_state`]),
 //! and an allreduce group resumes it with the weights from rank 0's checkpoint. The parameter
 //! servers do not hold state yet: a PS job refuses a model that has some.
 //! [`ParamStore::joined`] (parameters, then state, as one vector) is the layout they will hold.

@@ -4,7 +4,7 @@
 //! so every run and every rank evaluates on the same test set.
 
 use super::{DataError, Dataset};
-use crate::compute::rng::Rng;
+use tandem_util::rng::Rng;
 
 /// A data set split into training and test samples.
 #[derive(Clone, Debug)]

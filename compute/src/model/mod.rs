@@ -2,7 +2,7 @@
 //!
 //! A [`Model`] is a set of explicit functions over flat buffers — parameters and gradients of its
 //! [`Model::layout`], non-trainable state of its [`Model::state_layout`] — which the training loop
-//! owns ([`crate::compute::params::ParamStore`]). Nothing in the trait is tied to a framework: a
+//! owns ([`crate::params::ParamStore`]). Nothing in the trait is tied to a framework: a
 //! model may keep preallocated activations and device copies inside itself and compute its
 //! forward and backward passes by hand, or hand them to a framework. The families — an MLP, a
 //! LeNet-style CNN, ResNet, VGG and a GPT — run on Tandem's compute engine ([`engine`], the CPU's:
@@ -13,7 +13,7 @@
 //! group's ranks (`model.parallelism`: hybrid, model), which a worker builds with its group.
 //!
 //! Parameter names follow PyTorch's (`fc1.weight`, `conv1.bias`, …); see
-//! [`crate::compute::params`] for the flat order.
+//! [`crate::params`] for the flat order.
 
 pub mod cnn;
 pub mod engine;
@@ -24,9 +24,9 @@ pub mod split;
 
 use tandem_api::ModelSpec;
 
-use crate::compute::data::InputShape;
-use crate::compute::device::{Device, DeviceError};
-use crate::compute::params::{FlatError, FlatLayout};
+use crate::device::{Device, DeviceError};
+use crate::params::{FlatError, FlatLayout};
+use tandem_input::InputShape;
 
 pub use engine::Engine;
 pub use net::Net;

@@ -129,7 +129,7 @@ pub fn dense_stack(x: Tensor, vars: &[&Tensor], first: usize, layers: usize) -> 
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::compute::rng::Rng;
+    use tandem_util::rng::Rng;
 
     fn random(rng: &mut Rng, shape: &[usize]) -> Tensor {
         let n = shape.iter().product();

@@ -25,13 +25,13 @@ use std::time::Instant;
 use tandem_api::TrainingJobSpec;
 use tandem_api::contract::GroupReport;
 
-use crate::compute::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
-use crate::compute::data::{DataCursor, DataError, Dataset, InputShape, JobData, Source};
-use crate::compute::device::Device;
-use crate::compute::mirror::Mirror;
-use crate::compute::model::{self, Batch, BatchStats, Model, ModelError};
-use crate::compute::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
-use crate::compute::params::{FlatError, FlatLayout, ParamStore};
+use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
+use crate::device::Device;
+use crate::mirror::Mirror;
+use crate::model::{self, Batch, BatchStats, Model, ModelError};
+use crate::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
+use crate::params::{FlatError, FlatLayout, ParamStore};
+use tandem_input::{DataCursor, DataError, Dataset, InputShape, JobData, Source};
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 //!
 //! This is the one place the rest of the crate learns about devices: roles pass a [`Device`] to
 //! the model they build and never name candle's. Parameters, state and gradients are exchanged
-//! with the roles as host slices ([`crate::compute::params::ParamStore`]); a model on another
+//! with the roles as host slices ([`crate::params::ParamStore`]); a model on another
 //! device keeps its own copies there and moves them at the edges of a step.
 
 use std::fmt;

@@ -43,7 +43,7 @@ use super::images::{self, IMAGE_EXTENSIONS};
 use super::pipeline::{Feed, Flow, Item, Load, Pipeline, Plan, Producer};
 use super::store;
 use super::{DataCursor, DataError, Dataset, InputShape, Prep, Source};
-use crate::compute::rng::Rng;
+use tandem_util::rng::Rng;
 
 /// The shard files that `location` names: a folder's `.tar` files sorted by name, a brace
 /// pattern's expansion (`train-{000..009}.tar`, numbers zero-padded to the first one's width), or

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use super::csv::{CsvOptions, CsvReader};
 use super::{DataCursor, DataError, InputShape, Source};
-use crate::compute::rng::Rng;
+use tandem_util::rng::Rng;
 
 /// A stream of labelled samples from CSV shard files (see the module documentation).
 #[derive(Debug)]

@@ -7,7 +7,7 @@ use super::ModelError;
 use super::layers::{Conv2d, Im2col};
 use super::mlp::Mlp;
 use super::net::Declare;
-use crate::compute::data::InputShape;
+use tandem_input::InputShape;
 
 /// Kernel size of LeNet's convolutions.
 const KERNEL: usize = 5;

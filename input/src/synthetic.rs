@@ -1,7 +1,7 @@
 //! Seeded synthetic data, for tests and benchmarks that need no files.
 
 use super::{Dataset, InputShape};
-use crate::compute::rng::Rng;
+use tandem_util::rng::Rng;
 
 /// Seeded synthetic classification data: each class has a random prototype image, each sample is its
 /// class's prototype plus Gaussian noise. Same seed, same data.
