@@ -1,5 +1,5 @@
-//! Training-step throughput of the trainer's own step, through its `compute::model::Model` trait
-//! exactly as `tandem train` runs it (batch assembly, forward + backward into the flat gradient,
+//! Training-step throughput of the trainer's own step, through the `tandem_compute::model::Model`
+//! trait exactly as `tandem train` runs it (batch assembly, forward + backward into the flat gradient,
 //! the optimizer over the flat parameters), on seeded synthetic MNIST-shaped data, batch 64, for
 //! both CPU backends: `tandem-trainer` (what `model::build` picks on the CPU: the compute engine,
 //! on `TANDEM_THREADS` threads) and `tandem-candle` (the candle backend, on `RAYON_NUM_THREADS`).

@@ -1,6 +1,6 @@
 //! The preemption flag: SIGTERM (the kubelet's notice of an eviction, a preemption, a node drain
 //! or a spot interruption) and SIGINT set it once installed, and the training loop stops at the next step
-//! boundary after saving its state (see `Cadence::stop` in the trainer's `compute::train`).
+//! boundary after saving its state (see `tandem_compute::train::Cadence::stop`).
 
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};

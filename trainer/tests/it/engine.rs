@@ -1,8 +1,8 @@
-//! The CPU backend (the compute engine, `compute::model::Engine`) against the candle backend
-//! (`compute::model::Net`), both through the trainer's `Model` trait: the same seed gives the same
-//! initial weights in the same flat order, and with the same parameters the loss, the correct
-//! count and the gradient agree to float tolerance; every parameter tensor gets a non-zero
-//! gradient; `build` picks the engine on the CPU.
+//! The CPU backend (the compute engine, `tandem_compute::model::Engine`) against the candle
+//! backend (`tandem_compute::model::Net`), both through the trainer's `Model` trait: the same seed
+//! gives the same initial weights in the same flat order, and with the same parameters the loss,
+//! the correct count and the gradient agree to float tolerance; every parameter tensor gets a
+//! non-zero gradient; `build` picks the engine on the CPU.
 //!
 //! One exception, found by this test: candle 0.11's `max_pool2d` backward multiplies the
 //! gradient by the window's share of maxima (`grad * avg_pool(mask)`, `candle-core/src/backprop.rs`)

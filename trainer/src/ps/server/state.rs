@@ -991,7 +991,7 @@ impl ShardState {
         let end = offset.checked_add(len).ok_or("range overflows")?;
         if len == 0 || offset < w.range.start || end > w.range.end {
             return Err(format!(
-                "range {offset}..{end} is not inside shard {}'s range {}..{} (or is empty); split requests with ps::shard::ranges",
+                "range {offset}..{end} is not inside shard {}'s range {}..{} (or is empty); split requests with tandem_ps::shard::ranges",
                 self.config.index, w.range.start, w.range.end
             ));
         }
