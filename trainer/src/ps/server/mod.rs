@@ -441,11 +441,7 @@ async fn actor(
                 state.handle(s, frame)
             }
             Event::Frame(s, frame @ Frame::GetEpochs { .. }) => {
-                // Once the operator posted the group count, it is the count's source: the mounted
-                // config lags behind it by as long as the kubelet takes to refresh the file.
-                if !state.groups_posted()
-                    && let Some(groups) = job_config.as_deref().and_then(planned_groups)
-                {
+                if let Some(groups) = job_config.as_deref().and_then(planned_groups) {
                     state.set_planned_groups(groups);
                 }
                 state.handle(s, frame)

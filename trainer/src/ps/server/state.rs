@@ -33,10 +33,11 @@
 //!   are closed and its unfinished contribution dropped.
 //! - Shard 0 holds the job's epoch plan: how many groups split each epoch's data. An epoch's
 //!   count is fixed when a group first asks for it (`GetEpochs`), from the job config's group
-//!   count then ([`ShardState::set_planned_groups`]), raised to include the group that asks
-//!   unless the operator posted the count ([`ShardState::post_groups`]): then a group beyond it
-//!   is one being removed and sits the epoch out; a count never changes afterwards and is kept in checkpoints, so every group splits an epoch alike
-//!   whatever the config says when it gets there.
+//!   count then ([`ShardState::set_planned_groups`]), raised to include the group that asks,
+//!   unless the operator posted the count ([`ShardState::post_groups`]), which then wins over
+//!   the config and over a group beyond it (one being removed, which sits the epoch out). A
+//!   count never changes afterwards and is kept in checkpoints, so every group splits an epoch
+//!   alike whatever the config says when it gets there.
 //!
 //! Bounds: an authenticated peer is trusted with nothing the job does not allow. Before a frame
 //! touches the shard, each of its fields is checked: a worker's group below `workers.maxGroups`
@@ -576,9 +577,13 @@ impl ShardState {
     }
 
     /// The job config's group count now (the driver reads the config as it changes): the count
-    /// of the next epoch plan fixed.
+    /// of the next epoch plan fixed, unless the operator posted one ([`ShardState::post_groups`]):
+    /// the mounted config lags behind the posted count by as long as the kubelet takes to refresh
+    /// the file.
     pub fn set_planned_groups(&mut self, groups: u32) {
-        self.planned_groups = groups.max(1);
+        if !self.posted_groups {
+            self.planned_groups = groups.max(1);
+        }
     }
 
     /// The job's group count, posted by the operator when it scales the job: the count of every
@@ -586,7 +591,7 @@ impl ShardState {
     /// (its pods still draining), and no longer raises the epoch's count to include itself: the
     /// groups left split the data, and the leaving group sits the epoch out.
     pub fn post_groups(&mut self, groups: u32) {
-        self.set_planned_groups(groups);
+        self.planned_groups = groups.max(1);
         self.posted_groups = true;
     }
 
