@@ -255,7 +255,15 @@ pub async fn serve<D: Document>(
     health: Health,
 ) {
     let admission = Admission::new(Bounds { per_source: MAX_CONNECTIONS_PER_SOURCE, total: MAX_CONNECTIONS });
-    let seen = Arc::new(Mutex::new(Nonces::default()));
+    let cx = Arc::new(Endpoint { token, query, orders, health, seen: Mutex::new(Nonces::default()) });
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(READ_TIMEOUT)
+        .max_header_size(MAX_HEAD)
+        // One byte past the limit is read, so that a head just over it is read whole and its 431
+        // is not cut by a reset.
+        .max_buf_size(MAX_HEAD + 1)
+        .keep_alive(false);
     loop {
         let (stream, peer) = match listener.listener.accept().await {
             Ok(accepted) => accepted,
@@ -266,19 +274,12 @@ pub async fn serve<D: Document>(
             }
         };
         let ticket = admission.admit(peer.ip());
-        let cx = Endpoint {
-            token: token.clone(),
-            query: query.clone(),
-            orders: orders.clone(),
-            health: health.clone(),
-            seen: seen.clone(),
-        };
+        let (cx, http) = (cx.clone(), http.clone());
         tokio::spawn(async move {
             // The ticket is held until hyper has parsed the head (the service is called then):
             // only connections still sending theirs count against the bounds.
             let evicted = ticket.eviction();
             let ticket = Mutex::new(Some(ticket));
-            let cx = Arc::new(cx);
             let service = service_fn(move |request: hyper::Request<Incoming>| {
                 if let Ok(mut held) = ticket.lock() {
                     held.take();
@@ -286,15 +287,7 @@ pub async fn serve<D: Document>(
                 let cx = cx.clone();
                 async move { Ok::<_, Infallible>(answer(&request, &cx).await) }
             });
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(READ_TIMEOUT)
-                .max_header_size(MAX_HEAD)
-                // One byte past the limit is read, so that a head just over it is read whole and
-                // its 431 is not cut by a reset.
-                .max_buf_size(MAX_HEAD + 1)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
+            let connection = http.serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 () = evicted => tracing::debug!(%peer, "status endpoint: a connection still sending its head made room"),
                 served = tokio::time::timeout(CONNECTION_TIMEOUT, connection) => match served {
@@ -313,7 +306,7 @@ struct Endpoint<D> {
     query: Query<D>,
     orders: Option<Orders>,
     health: Health,
-    seen: Arc<Mutex<Nonces>>,
+    seen: Mutex<Nonces>,
 }
 
 /// Nonces of accepted requests, with their timestamps, for [`status_auth::MAX_SKEW_SECONDS`]
