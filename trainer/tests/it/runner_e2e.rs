@@ -60,8 +60,13 @@ fn start_endless_job(stderr: Stdio) -> EndlessJob {
 
 /// A batch-norm model through the PS: the final evaluation uses the groups' running statistics
 /// that shard 0 holds (with fresh ones a ResNet scores about chance, 0.1), so it agrees with what
-/// the workers measured at the same step. Two asynchronous groups make the run's accuracy vary
-/// (0.70 to 0.80 at 200 steps), so the floor is set well above chance, not at a trained figure.
+/// the workers measured at the same step.
+///
+/// The learning rate decays to zero (cosine): at a constant 0.05 with momentum the weights still
+/// move fast at step 200, the running averages trail them, and evaluation-mode accuracy scattered
+/// from 0.2 to 0.9 while the training loss was the same in every run — PyTorch's BatchNorm2d does
+/// the same on this recipe (0.56 to 0.87 over 8 seeds, 0.92 with batch statistics). Decayed, 25
+/// runs scored 0.917 to 0.937, the workers within 0.01 of the PS.
 #[test]
 fn a_resnet_trained_through_the_ps_is_evaluated_with_its_batch_norm_statistics() {
     let _one = one_job_at_a_time();
@@ -70,6 +75,11 @@ fn a_resnet_trained_through_the_ps_is_evaluated_with_its_batch_norm_statistics()
             set(doc, &["spec", "model"], serde_yaml::from_str("{kind: resnet, depth: 8, width: 4}").unwrap());
             set(doc, &["spec", "training", "steps"], 200.into());
             set(doc, &["spec", "training", "evalEverySteps"], 200.into());
+            set(
+                doc,
+                &["spec", "training", "optimizer", "schedule"],
+                serde_yaml::from_str("{kind: cosine}").unwrap(),
+            );
         },
         &[],
     );
@@ -78,12 +88,12 @@ fn a_resnet_trained_through_the_ps_is_evaluated_with_its_batch_norm_statistics()
     let final_accuracy = done["test_accuracy"].as_f64().unwrap();
     let measured: Vec<f64> = run.of("progress").iter().filter_map(|p| p["accuracy"].as_f64()).collect();
     let last = *measured.last().unwrap_or_else(|| panic!("no worker reported an accuracy: {:?}", run.events));
-    assert!(final_accuracy >= 0.5, "final accuracy {final_accuracy} (the workers measured {last}): {done}");
-    // The PS weights also hold the other group's pushes after that group's last evaluation, and
-    // shard 0 the groups' mean statistics: close to what a worker measured, not equal (CI saw a
-    // gap of 0.057); fresh statistics would be some 0.6 below.
+    assert!(final_accuracy >= 0.85, "final accuracy {final_accuracy} (the workers measured {last}): {done}");
+    // The PS weights also hold the other group's last pushes, and shard 0 the groups' mean
+    // statistics: close to what a worker measured, not equal; fresh statistics would be some 0.8
+    // below.
     assert!(
-        (final_accuracy - last).abs() <= 0.2,
+        (final_accuracy - last).abs() <= 0.05,
         "the PS weights score {final_accuracy}, the workers measured {last} at the last step"
     );
 }
