@@ -115,19 +115,63 @@ pub fn groups_target(count: u32) -> String {
 pub const CONFIG_FILE: &str = "job.json";
 /// Key of the token inside the job Secret.
 pub const TOKEN_KEY: &str = "token";
-/// Exit code of a worker that stopped because another process of the job was lost (a peer rank
-/// of its group, a parameter server): at least 128, so that restart policies retry it like the
-/// lost process's own failure, and above 128 + any signal number, so that it reads as no signal.
-/// Without it, the survivors of a killed rank would exit 1 — a permanent failure — and whether the
-/// job restarted or failed would depend on which exit the controller saw first.
-pub const EXIT_PEER_LOST: i32 = 200;
-/// Exit code of a worker or parameter server that stopped on SIGTERM (eviction, preemption, node
-/// drain, spot interruption) after saving its state: a worker group at a step boundary, with rank
-/// 0's checkpoint of that step (`allreduce`; a PS job's state is on the servers), a PS with its
-/// last checkpoint shard. It is 128 + SIGTERM, the code the kubelet reports for a process that
-/// SIGTERM ended, so restart policies retry it, and the restarted unit resumes at the step it
-/// stopped at.
-pub const EXIT_PREEMPTED: i32 = 128 + 15;
+/// How a Tandem process failed, as its exit code tells whoever supervises it (the kubelet, the
+/// operator, the local runner): the one taxonomy of failed exits, each with its one code. A
+/// process classifies an error once, where it is raised (a collective's, a PS client's, a training
+/// step's `exit_class`), and exits with [`ExitClass::code`]; the run policy reads the code back
+/// ([`crate::policy::FailureKind::exit_class`]) and decides whether to restart. A stalled job is
+/// not an exit: its supervisor sees it ([`crate::policy::FailureKind::Stalled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum ExitClass {
+    /// Its own fault or the job's configuration (bad input, a diverged model, data it cannot
+    /// read): a restart would fail again. Exit 1, which restart policies do not retry.
+    Permanent = 1,
+    /// Stopped on SIGTERM (eviction, preemption, node drain, spot interruption) after saving its
+    /// state: a worker group at a step boundary, with rank 0's checkpoint of that step
+    /// (`allreduce`; a PS job's state is on the servers), a PS with its last checkpoint shard. It
+    /// is 128 + SIGTERM, the code the kubelet reports for a process that SIGTERM ended, so restart
+    /// policies retry it, and the restarted unit resumes at the step it stopped at.
+    Preempted = 128 + 15,
+    /// Stopped because another process of the job was lost (a peer rank of its group, a parameter
+    /// server): at least 128, so that restart policies retry it like the lost process's own
+    /// failure, and above 128 + any signal number, so that it reads as no signal. Without it, the
+    /// survivors of a killed rank would exit 1 — a permanent failure — and whether the job
+    /// restarted or failed would depend on which exit the controller saw first.
+    PeerLost = 200,
+}
+
+impl ExitClass {
+    /// The process's exit code.
+    pub const fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The class of a Tandem process that exited with `code`; `None` for success and for codes
+    /// Tandem does not give (a user's command's own, a signal's 128 + n other than SIGTERM's).
+    pub fn of_code(code: i32) -> Option<Self> {
+        [ExitClass::Permanent, ExitClass::Preempted, ExitClass::PeerLost]
+            .into_iter()
+            .find(|c| c.code() == code)
+    }
+}
+
+impl std::fmt::Display for ExitClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self {
+            ExitClass::Permanent => "permanent failure",
+            ExitClass::Preempted => "preempted, state saved",
+            ExitClass::PeerLost => "lost a peer",
+        };
+        write!(f, "{what} (exit {})", self.code())
+    }
+}
+
+/// [`ExitClass::PeerLost`]'s code.
+pub const EXIT_PEER_LOST: i32 = ExitClass::PeerLost.code();
+/// [`ExitClass::Preempted`]'s code, which a user's command also exits with after checkpointing on
+/// SIGTERM.
+pub const EXIT_PREEMPTED: i32 = ExitClass::Preempted.code();
 /// Seconds the operator's pods get between SIGTERM and SIGKILL (`terminationGracePeriodSeconds`,
 /// unless the role's pod template sets it): time for a worker group to finish its step and write
 /// a checkpoint, and for a PS to write its last one (Kubernetes' own default, 30 s, is short for

@@ -14,7 +14,9 @@ pub mod names;
 pub mod plan;
 pub mod policy;
 
-pub use contract::{ContractError, Endpoint, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine};
+pub use contract::{
+    ContractError, Endpoint, ExitClass, GroupTopology, JobConfig, LaunchEnv, Role, WorkerLine,
+};
 pub use crd::crd;
 pub use cursor::DataCursor;
 pub use job::*;

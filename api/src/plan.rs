@@ -124,9 +124,16 @@ pub enum PlanError {
 }
 
 impl JobPlan {
-    /// The plan of `spec` for a training set of `train_samples` samples.
+    /// The plan of `spec` for a training set of `train_samples` samples, over the job's ranks
+    /// (`groups × groupSize`).
     pub fn resolve(spec: &TrainingJobSpec, train_samples: u64) -> Result<Self, PlanError> {
-        let world = u64::from(spec.workers.ranks());
+        Self::resolve_for(spec, train_samples, u64::from(spec.workers.ranks()))
+    }
+
+    /// The plan of `spec` trained by `world` data-parallel ranks instead of the job's own: a
+    /// baseline that runs the same job on fewer ranks (a test's single-process reference).
+    pub fn resolve_for(spec: &TrainingJobSpec, train_samples: u64, world: u64) -> Result<Self, PlanError> {
+        let world = world.max(1);
         let batch = u64::from(spec.data.batch_size);
         let per_rank = train_samples / world;
         if batch == 0 {
@@ -135,7 +142,7 @@ impl JobPlan {
         if per_rank < batch {
             return Err(PlanError::TooFewSamples { samples: train_samples, world, per_rank, batch });
         }
-        let steps_per_epoch = per_rank / batch;
+        let steps_per_epoch = steps_per_epoch(train_samples, world, batch);
         let total_steps = total_steps(&spec.training, steps_per_epoch)?;
         Ok(Self {
             ps_mode: PsMode::of(&spec.training),
@@ -145,6 +152,13 @@ impl JobPlan {
             total_steps,
         })
     }
+}
+
+/// Full batches of `batch` samples that each of `world` ranks takes in an epoch of `samples`
+/// training samples: every rank gets an equal share and a partial batch is dropped. The one
+/// formula for an epoch's length, which the plan and every data source use.
+pub fn steps_per_epoch(samples: u64, world: u64, batch: u64) -> u64 {
+    (samples / world.max(1)) / batch.max(1)
 }
 
 /// Steps of a run of `training` whose ranks take `steps_per_epoch` batches per epoch:
@@ -197,6 +211,17 @@ mod tests {
         assert_eq!((plan.world, plan.steps_per_epoch, plan.total_steps), (4, 31, 93));
         let steps = spec("data: {batchSize: 32}\ntraining: {steps: 7}");
         assert_eq!(JobPlan::resolve(&steps, 4000).unwrap().total_steps, 7);
+    }
+
+    #[test]
+    fn a_baseline_on_fewer_ranks_plans_its_own_epochs() {
+        let job = spec("data: {batchSize: 32}\ntraining: {epochs: 2}\nworkers: {groups: 2, groupSize: 2}");
+        let one = JobPlan::resolve_for(&job, 4000, 1).unwrap();
+        assert_eq!((one.world, one.steps_per_epoch, one.total_steps), (1, 125, 250));
+        let job_plan = JobPlan::resolve(&job, 4000).unwrap();
+        assert_eq!(job_plan.steps_per_epoch, steps_per_epoch(4000, 4, 32));
+        // Every rank an equal share; the partial batch dropped.
+        assert_eq!(steps_per_epoch(1001, 2, 100), 5);
     }
 
     #[test]

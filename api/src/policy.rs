@@ -23,7 +23,7 @@
 //! - A parameter server's failure costs one restart, wherever the job runs. The groups that lose
 //!   it start again as new attempts that do not count ([`relaunch_with_ps`]): the local runner
 //!   relaunches every unfinished group with a restarted PS; on a cluster each group exits with
-//!   [`EXIT_PEER_LOST`] when its PS goes, and a group whose every failed process exited so
+//!   [`ExitClass::PeerLost`] when its PS goes, and a group whose every failed process exited so
 //!   ([`lost_a_parameter_server`]) while a PS of the job restarted is relaunched the same way.
 //! - A restarted unit comes back after `backoffSeconds · 2^(attempt−1)`, at most [`MAX_BACKOFF`]
 //!   ([`backoff`]).
@@ -34,7 +34,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::contract::{EXIT_PEER_LOST, Role};
+use crate::contract::{ExitClass, Role};
 use crate::job::{Backend, RestartPolicy, RunPolicy, TrainingJobSpec};
 
 /// Longest back-off before a restarted unit comes back.
@@ -159,6 +159,14 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// How the process said it failed, for an exit with one of Tandem's codes.
+    pub fn exit_class(&self) -> Option<ExitClass> {
+        match self {
+            FailureKind::Exit(code) => ExitClass::of_code(*code),
+            _ => None,
+        }
+    }
+
     /// Whether `policy` restarts a unit that failed like this.
     pub fn retryable(&self, policy: &RunPolicy) -> bool {
         match (policy.restart_policy, self) {
@@ -302,14 +310,14 @@ pub fn judge(
 }
 
 /// Whether `unit`'s `failures` are only the loss of a peer outside it: `unit` is a worker group
-/// and every one of its processes that failed exited with [`EXIT_PEER_LOST`]. Nothing in the
+/// and every one of its processes that failed exited with [`ExitClass::PeerLost`]. Nothing in the
 /// group was killed (a killed process ends by a signal or with 128 + its number, a lost pod is
 /// evicted, deleted or loses its node), so the peer it lost is a parameter server. When one of the
 /// job's parameter servers restarted, the group is relaunched with [`relaunch_with_ps`].
 pub fn lost_a_parameter_server(unit: Unit, failures: &[Failure]) -> bool {
     matches!(unit, Unit::Group(_))
         && !failures.is_empty()
-        && failures.iter().all(|f| f.kind == FailureKind::Exit(EXIT_PEER_LOST))
+        && failures.iter().all(|f| f.kind.exit_class() == Some(ExitClass::PeerLost))
 }
 
 /// Decides about `group` (in its attempt `attempt`), which starts again because parameter server

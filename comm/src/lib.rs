@@ -67,6 +67,8 @@ pub mod transport;
 use std::fmt;
 use std::ops::Range;
 
+use tandem_api::ExitClass;
+
 /// How elements are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
@@ -293,6 +295,12 @@ impl CommError {
             self,
             CommError::PeerFailed { .. } | CommError::PeerTimeout { .. } | CommError::Rendezvous(_)
         )
+    }
+
+    /// How a process that this error ends exits: [`ExitClass::PeerLost`] for a lost rank,
+    /// [`ExitClass::Permanent`] otherwise.
+    pub fn exit_class(&self) -> ExitClass {
+        if self.is_peer_lost() { ExitClass::PeerLost } else { ExitClass::Permanent }
     }
 }
 

@@ -34,6 +34,17 @@ pub enum SelfTestError {
     },
 }
 
+impl SelfTestError {
+    /// How a rank that this error ends exits: a failed collective's class; a wrong result is
+    /// permanent.
+    pub fn exit_class(&self) -> tandem_api::ExitClass {
+        match self {
+            SelfTestError::Comm(e) => e.exit_class(),
+            SelfTestError::Wrong { .. } => tandem_api::ExitClass::Permanent,
+        }
+    }
+}
+
 /// The input of `rank` for a buffer of `len` elements: small integers, so sums are exact.
 pub fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
     (0..len).map(|i| ((rank * 131 + i * 31 + salt * 17) % 29) as f32 - 14.0).collect()

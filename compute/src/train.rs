@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use tandem_api::TrainingJobSpec;
 use tandem_api::contract::GroupReport;
+use tandem_api::{ExitClass, JobPlan, TrainingJobSpec};
 
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointMeta, NamedTensor};
 use crate::device::Device;
@@ -32,6 +32,7 @@ use crate::model::{self, Batch, BatchStats, Model, ModelError};
 use crate::optim::{LrSchedule, OptimError, Optimizer, OptimizerState};
 use crate::params::{FlatError, FlatLayout, ParamStore};
 use tandem_input::{DataCursor, DataError, Dataset, InputShape, JobData, Source};
+use tandem_kernels::net::NetError;
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]
@@ -74,12 +75,16 @@ pub enum TrainError {
         /// The server's refusal, naming the group, the step and the value.
         refusal: String,
     },
-    /// A gradient step implementation failed (communication, PS, …).
-    #[error("gradient step: {0}")]
-    Step(String),
-    /// Another process of the job was lost (a peer rank, a parameter server); retryable.
-    #[error("{0}")]
-    PeerLost(String),
+    /// A gradient step implementation failed (a collective, a parameter server, …); `class` says
+    /// whether another process of the job was lost ([`ExitClass::PeerLost`], retryable) or the
+    /// step itself failed ([`ExitClass::Permanent`]), as its origin classified it.
+    #[error("{source}")]
+    Step {
+        /// How a process that this error ends exits.
+        class: ExitClass,
+        /// The failure.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The run stopped at a step boundary because [`Cadence::stop`] was set on some rank (SIGTERM:
     /// an eviction, a preemption, a node drain), after the leader checkpointed that step when the
     /// cadence has a checkpoint folder. Retryable: a restart resumes at `step`.
@@ -95,6 +100,26 @@ pub enum TrainError {
         /// The checkpoint of `step` this rank wrote, if it wrote one.
         checkpoint: Option<PathBuf>,
     },
+}
+
+impl TrainError {
+    /// A failed gradient step of class `class`.
+    pub fn step(class: ExitClass, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        TrainError::Step { class, source: source.into() }
+    }
+
+    /// How a process that this error ends exits: a step's own class, [`ExitClass::Preempted`]
+    /// for a stop on SIGTERM, [`ExitClass::PeerLost`] for a split model's lost group peer, and
+    /// [`ExitClass::Permanent`] for everything else (bad configuration, data or checkpoints, a
+    /// diverged model).
+    pub fn exit_class(&self) -> ExitClass {
+        match self {
+            TrainError::Step { class, .. } => *class,
+            TrainError::Preempted { .. } => ExitClass::Preempted,
+            TrainError::Model(ModelError::Engine(NetError::Group(e))) if e.peer_lost => ExitClass::PeerLost,
+            _ => ExitClass::Permanent,
+        }
+    }
 }
 
 /// Which part of an epoch's training data a rank trains on ([`GradientStep::epoch_share`]).
@@ -359,15 +384,17 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A trainer for `spec` on `data`, as rank `rank` of `world` data-parallel ranks.
+    /// A trainer for `spec` on `data`, as data-parallel rank `rank` of the `plan`'s world, for the
+    /// plan's steps. The caller resolves the plan once from the same data ([`JobPlan::resolve`])
+    /// and hands the same plan to whatever else needs the job's shape (the PS client's hello).
     pub fn new(
         spec: &TrainingJobSpec,
+        plan: &JobPlan,
         data: impl Into<JobData>,
         device: &Device,
         rank: usize,
-        world: usize,
     ) -> Result<Self, TrainError> {
-        Self::with_model(spec, data, rank, world, |input, classes| {
+        Self::with_model(spec, plan, data, rank, |input, classes| {
             model::build(&spec.model, input, classes, spec.training.seed, device)
         })
     }
@@ -376,31 +403,39 @@ impl Trainer {
     /// (a model-parallel worker's, which holds its group).
     pub fn with_model(
         spec: &TrainingJobSpec,
+        plan: &JobPlan,
         data: impl Into<JobData>,
         rank: usize,
-        world: usize,
         build: impl FnOnce(InputShape, usize) -> Result<Box<dyn Model>, ModelError>,
     ) -> Result<Self, TrainError> {
         let JobData { train, test } = data.into();
         let classes = train.classes().max(test.classes);
         let model = build(train.shape(), classes)?;
-        let loader = train.source(&spec.data, spec.training.seed, rank, world)?;
-        Self::with_parts(spec, model, loader, test, world)
+        let loader = train.source(&spec.data, spec.training.seed, rank, plan.world as usize)?;
+        Self::with_parts(spec, plan, model, loader, test)
     }
 
-    /// A trainer for `spec` with its parts given: the model, this rank's training batches and
-    /// the test set, as one of `world` data-parallel ranks.
+    /// A trainer for `spec` with its parts given: the model, this rank's training batches (a
+    /// source opened for the plan's world) and the test set.
     pub fn with_parts(
         spec: &TrainingJobSpec,
+        plan: &JobPlan,
         model: Box<dyn Model>,
         loader: Box<dyn Source>,
         test: Dataset,
-        world: usize,
     ) -> Result<Self, TrainError> {
         let t = &spec.training;
-        let batch_size = spec.data.batch_size as usize;
-        let total_steps = tandem_api::plan::total_steps(t, loader.batches_per_epoch())
-            .map_err(|e| TrainError::Config(e.to_string()))?;
+        if loader.batches_per_epoch() != plan.steps_per_epoch {
+            return Err(TrainError::Config(format!(
+                "the training data gives {} batches per epoch on each rank, the job plan {}: the plan was \
+                 resolved for other data or another world; resolve it from this data \
+                 (JobPlan::resolve with its sample count)",
+                loader.batches_per_epoch(),
+                plan.steps_per_epoch
+            )));
+        }
+        let (total_steps, world) = (plan.total_steps, plan.world);
+        let batch_size = plan.batch_size as usize;
         let mut store = ParamStore::new(model.layout().clone(), model.state_layout().clone());
         let parts = store.parts();
         model.init(parts.params, parts.state)?;
@@ -632,7 +667,7 @@ impl Trainer {
 
     /// Full batches an epoch takes on each of `world` ranks.
     fn batches_of(&self, world: usize) -> u64 {
-        (self.loader.samples() / world.max(1) as u64) / self.batch_size.max(1) as u64
+        tandem_api::plan::steps_per_epoch(self.loader.samples(), world as u64, self.batch_size as u64)
     }
 
     /// Continues the data stream at `cursor` (this rank's own, from the group's checkpoint:

@@ -479,7 +479,7 @@ impl Source for ImageFolder {
     }
 
     fn batches_per_epoch(&self) -> u64 {
-        ((self.set.files.len() / self.world) / self.batch_size) as u64
+        tandem_api::plan::steps_per_epoch(self.samples(), self.world as u64, self.batch_size as u64)
     }
 
     fn cursor(&self) -> DataCursor {

@@ -565,7 +565,7 @@ impl Source for ShardReader {
     }
 
     fn batches_per_epoch(&self) -> u64 {
-        (self.set.total() / self.world as u64) / self.batch_size as u64
+        tandem_api::plan::steps_per_epoch(self.set.total(), self.world as u64, self.batch_size as u64)
     }
 
     fn cursor(&self) -> DataCursor {

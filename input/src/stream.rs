@@ -194,7 +194,7 @@ impl Source for ShardStream {
     }
 
     fn batches_per_epoch(&self) -> u64 {
-        (self.samples() / self.world as u64) / self.batch_size as u64
+        tandem_api::plan::steps_per_epoch(self.samples(), self.world as u64, self.batch_size as u64)
     }
 
     fn cursor(&self) -> DataCursor {

@@ -41,7 +41,7 @@ impl Loader {
 
     /// Full batches per epoch on this rank.
     pub fn batches_per_epoch(&self) -> u64 {
-        ((self.data.len() / self.world) / self.batch_size) as u64
+        tandem_api::plan::steps_per_epoch(self.data.len() as u64, self.world as u64, self.batch_size as u64)
     }
 
     /// The training set.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::shard;
 use super::wire::{self, ErrorCode, Frame, Peer, Progress, ReadError};
-use tandem_api::PsMode;
+use tandem_api::{ExitClass, PsMode};
 
 /// How to reach the parameter servers.
 #[derive(Clone, Debug)]
@@ -195,6 +195,12 @@ impl ClientError {
     /// than refused this worker: restarting the worker once the server is back can cure it.
     pub fn is_peer_lost(&self) -> bool {
         matches!(self, ClientError::Connect { .. } | ClientError::Timeout { .. } | ClientError::Lost { .. })
+    }
+
+    /// How a process that this error ends exits: [`ExitClass::PeerLost`] for a lost server,
+    /// [`ExitClass::Permanent`] for a refusal (a wrong token, a job it does not serve).
+    pub fn exit_class(&self) -> ExitClass {
+        if self.is_peer_lost() { ExitClass::PeerLost } else { ExitClass::Permanent }
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::Failure;
 use anyhow::{Context, bail};
 use tandem_api::contract::Endpoint;
 use tandem_comm::algo::{AlgoConfig, AllreduceAlgo};
@@ -444,27 +445,13 @@ fn parse_endpoint(text: &str) -> anyhow::Result<Endpoint> {
 }
 
 /// Runs one rank. A rank whose group lost a peer exits with
-/// [`tandem_api::contract::EXIT_PEER_LOST`] (as `tandem worker` does), any other failure with 1.
+/// [`tandem_api::ExitClass::PeerLost`]'s code (as `tandem worker` does), any other failure with 1.
 pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
     super::init_logging();
-    let result = run_rank_inner(args);
-    let peer_lost = |c: &(dyn std::error::Error + 'static)| {
-        let comm = c.downcast_ref::<tandem_comm::CommError>().or_else(|| match c.downcast_ref() {
-            Some(selftest::SelfTestError::Comm(e)) => Some(e),
-            _ => None,
-        });
-        comm.is_some_and(tandem_comm::CommError::is_peer_lost)
-    };
-    if let Err(e) = &result
-        && e.chain().any(peer_lost)
-    {
-        eprintln!("Error: {e:?}");
-        std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
-    }
-    result
+    super::finish(run_rank_inner(args))
 }
 
-fn run_rank_inner(args: RankArgs) -> anyhow::Result<()> {
+fn run_rank_inner(args: RankArgs) -> Result<(), Failure> {
     match args.backend {
         Backend::Tcp => {
             let peers = args.peers.iter().map(|p| parse_endpoint(p)).collect::<anyhow::Result<Vec<_>>>()?;
@@ -475,8 +462,12 @@ fn run_rank_inner(args: RankArgs) -> anyhow::Result<()> {
             let config =
                 args.tuning.config(Duration::from_secs_f64(args.connect_timeout_s), args.host_id.clone());
             let trimmed = token.trim_ascii();
-            let mut comm = tcp::connect(args.rank, &peers, &args.bind, trimmed, config)
-                .with_context(|| format!("rank {} could not join the group", args.rank))?;
+            let mut comm = tcp::connect(args.rank, &peers, &args.bind, trimmed, config).map_err(|e| {
+                Failure::new(
+                    e.exit_class(),
+                    anyhow::Error::new(e).context(format!("rank {} could not join the group", args.rank)),
+                )
+            })?;
             run_mode(&mut comm, &args.mode)
         }
         Backend::Mpi => run_mpi(&args.mode),
@@ -484,42 +475,48 @@ fn run_rank_inner(args: RankArgs) -> anyhow::Result<()> {
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(mode: &RankMode) -> anyhow::Result<()> {
+fn run_mpi(mode: &RankMode) -> Result<(), Failure> {
     use tandem_comm::mpi::MpiRuntime;
-    let runtime = MpiRuntime::init()?;
+    let runtime = MpiRuntime::init().map_err(anyhow::Error::from)?;
     let mut world = runtime.world();
     if let RankMode::Selftest { split: true } = mode {
         let rank = world.rank();
-        let mut half = world.split((rank % 2) as u32, rank as i32)?;
-        let checks = selftest::run_selftest(&mut half)
-            .with_context(|| format!("split group {} (world rank {rank})", rank % 2))?;
+        let mut half = world.split((rank % 2) as u32, rank as i32).map_err(anyhow::Error::from)?;
+        let checks = selftest::run_selftest(&mut half).map_err(|e| {
+            let context = format!("split group {} (world rank {rank})", rank % 2);
+            Failure::new(e.exit_class(), anyhow::Error::new(e).context(context))
+        })?;
         println!("rank {rank}: split group {} selftest passed: {checks} checks", rank % 2);
     }
     if let RankMode::Bench { bytes } = mode {
         // MPI_Allreduce out of place, as osu_allreduce measures it.
         let timed = runtime.world();
         let out_of_place = |send: &[f32], recv: &mut [f32]| timed.allreduce_out_of_place(send, recv);
-        selftest::run_bench(&mut world, bytes, Some(&out_of_place))?;
+        selftest::run_bench(&mut world, bytes, Some(&out_of_place)).map_err(anyhow::Error::from)?;
         return Ok(());
     }
     run_mode(&mut world, mode)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_mode: &RankMode) -> anyhow::Result<()> {
-    bail!("this tandem was built without the `mpi` feature; rebuild with default features")
+fn run_mpi(_mode: &RankMode) -> Result<(), Failure> {
+    Err(anyhow::anyhow!("this tandem was built without the `mpi` feature; rebuild with default features")
+        .into())
 }
 
-fn run_mode(comm: &mut dyn Communicator, mode: &RankMode) -> anyhow::Result<()> {
+fn run_mode(comm: &mut dyn Communicator, mode: &RankMode) -> Result<(), Failure> {
     let rank = comm.rank();
+    let comm_failure = |e: tandem_comm::CommError| Failure::new(e.exit_class(), e);
     match mode {
         RankMode::Selftest { .. } => {
-            let checks = selftest::run_selftest(comm)?;
+            let checks = selftest::run_selftest(comm).map_err(|e| Failure::new(e.exit_class(), e))?;
             println!("rank {rank}: selftest passed: {checks} checks");
         }
-        RankMode::Soak { len, iterations } => selftest::run_soak(comm, *len, *iterations)?,
+        RankMode::Soak { len, iterations } => {
+            selftest::run_soak(comm, *len, *iterations).map_err(comm_failure)?
+        }
         RankMode::Bench { bytes } => {
-            selftest::run_bench(comm, bytes, None)?;
+            selftest::run_bench(comm, bytes, None).map_err(comm_failure)?;
         }
     }
     Ok(())

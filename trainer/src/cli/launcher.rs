@@ -13,7 +13,7 @@
 //! host in it must resolve and accept a connection on the workers' sshd port (`-p` of
 //! `OMPI_MCA_plm_rsh_args`, else 22; `localhost` and this host, which mpirun starts without
 //! ssh, are left out) within `TANDEM_PEER_TIMEOUT` seconds (default 120), or the
-//! launcher exits with [`contract::EXIT_PEER_LOST`] (retryable) and an error, also written as the
+//! launcher exits with [`ExitClass::PeerLost`] (retryable) and an error, also written as the
 //! pod's termination message, naming each unreachable worker — mpirun never starts against a
 //! dead or missing worker.
 //!
@@ -33,9 +33,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, bail};
-use tandem_api::LaunchEnv;
 use tandem_api::contract::user::{self, Hosting, UserFiles};
 use tandem_api::contract::{self, JobConfig, Role, env};
+use tandem_api::{ExitClass, LaunchEnv};
 use tandem_comm::reach::{self, Target};
 use tandem_util::proc::{Exit, die_with_parent};
 
@@ -189,9 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         if let Err(e) = reach::await_reachable(&targets, timeout) {
             let message = format!("group {group} cannot start mpirun: {e}");
-            eprintln!("Error: {message}");
-            super::termination_message(&message);
-            std::process::exit(contract::EXIT_PEER_LOST);
+            return super::finish(Err(super::Failure::new(ExitClass::PeerLost, anyhow::anyhow!(message))));
         }
     }
     let exe = std::env::current_exe().context("cannot find the path of this tandem executable")?;

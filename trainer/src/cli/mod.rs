@@ -12,6 +12,7 @@ pub mod wait_master;
 pub mod worker;
 
 use anyhow::{Context, bail};
+use tandem_api::ExitClass;
 use tandem_api::contract::{JobConfig, LaunchEnv};
 use tandem_compute::device::{Device, Preference};
 
@@ -36,6 +37,47 @@ impl DeviceArg {
             DeviceArg::Cuda => Preference::Cuda,
         };
         Ok(Device::select(preference)?)
+    }
+}
+
+/// A role's failure with how the process exits for it: the roles whose failure can be other than
+/// permanent (a lost peer, a stop on SIGTERM) return it, so the exit code follows the
+/// [`ExitClass`] given where the error was raised, with no downcast. Any other error converts to a
+/// permanent one.
+#[derive(Debug)]
+pub struct Failure {
+    /// How the process exits.
+    pub class: ExitClass,
+    /// What went wrong.
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    /// A failure of class `class`.
+    pub fn new(class: ExitClass, error: impl Into<anyhow::Error>) -> Self {
+        Self { class, error: error.into() }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Self::new(ExitClass::Permanent, error)
+    }
+}
+
+/// Ends a role's run: success and a permanent failure go back to `main` (exit 0, or 1 with the
+/// error printed and written as the termination message there); any other failure is printed,
+/// written as the termination message, and ends the process with its class's code.
+pub fn finish(result: Result<(), Failure>) -> anyhow::Result<()> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(Failure { class: ExitClass::Permanent, error }) => Err(error),
+        Err(Failure { class, error }) => {
+            eprintln!("Error: {error:?}");
+            termination_message(&format!("{error:#}"));
+            tracing::warn!(%class, "stopping: {error:#}");
+            std::process::exit(class.code())
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! its shard on `TANDEM_BIND` and the job config's port for it, keeps checkpoints under
 //! `$TANDEM_OUTPUT/ps-<index>/` stamped with the job's identity, resumes from the newest intact
 //! one of this job (refusing to start on another job's), and stops on SIGTERM or Ctrl-C after
-//! writing a last checkpoint, exiting with [`contract::EXIT_PREEMPTED`] (retryable: a PS that was
+//! writing a last checkpoint, exiting with [`ExitClass::Preempted`] (retryable: a PS that was
 //! evicted or preempted is restarted and resumes from that checkpoint). Prints `listening on
 //! <addr>` on stdout once bound.
 //!
@@ -23,8 +23,8 @@ use tandem::ps::server::checkpoint;
 use tandem::ps::server::http::StatusListener;
 use tandem::ps::server::state::{JobBounds, ShardConfig};
 use tandem::ps::server::{Server, ServerConfig};
-use tandem_api::PsMode;
 use tandem_api::contract::{self, Role};
+use tandem_api::{ExitClass, PsMode};
 
 /// Arguments of `tandem ps`.
 #[derive(clap::Args)]
@@ -126,7 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The server returns only when the signal stopped it; the code tells restart policies that
     // the stop was not this shard's fault.
     eprintln!("parameter server {index} stopped on SIGTERM after writing its last checkpoint");
-    std::process::exit(contract::EXIT_PREEMPTED)
+    std::process::exit(ExitClass::Preempted.code())
 }
 
 /// The longest parameter vector a worker may declare: the model's parameter count when the spec

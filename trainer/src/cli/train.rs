@@ -18,6 +18,7 @@ use crate::cli::report::display::Display;
 use anyhow::{Context, bail};
 use tandem::runner::Event;
 use tandem::runner::progress::Merged;
+use tandem_api::JobPlan;
 use tandem_compute::checkpoint;
 use tandem_compute::mirror::Mirror;
 use tandem_compute::optim::Optimizer;
@@ -102,7 +103,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     tandem::runner::check_output(&out_dir, args.resume)?;
     let device = args.device.select()?;
     let data = data::open_job(spec, &args.data_dir)?;
-    let mut trainer = Trainer::new(spec, data, &device, 0, 1)?;
+    let plan = JobPlan::resolve(spec, data.train.samples())?;
+    let mut trainer = Trainer::new(spec, &plan, data, &device, 0)?;
     let mut update = LocalStep::new(Optimizer::new(&spec.training.optimizer, trainer.params().len()));
     let ckpt_dir = out_dir.join("checkpoints");
     // This process writes the checkpoints: it takes the folder over.

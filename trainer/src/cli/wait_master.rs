@@ -11,6 +11,7 @@
 //! peer-lost code (retryable: the group restarts) and says why in the termination message.
 
 use anyhow::Context;
+use tandem_api::ExitClass;
 use tandem_api::contract::{self, user::env as user_env};
 use tandem_comm::reach::{self, Target};
 
@@ -35,9 +36,7 @@ pub fn run(_args: Args) -> anyhow::Result<()> {
     tracing::info!(master = %target.name, timeout_s = timeout.as_secs(), "waiting for the group's rank 0");
     if let Err(e) = reach::await_reachable(std::slice::from_ref(&target), timeout) {
         let message = format!("the group's {} did not accept connections: {e}", target.name);
-        eprintln!("Error: {message}");
-        super::termination_message(&message);
-        std::process::exit(contract::EXIT_PEER_LOST);
+        return super::finish(Err(super::Failure::new(ExitClass::PeerLost, anyhow::anyhow!(message))));
     }
     tracing::info!(master = %target.name, "rank 0 is reachable");
     Ok(())

@@ -10,14 +10,13 @@
 
 use std::path::PathBuf;
 
-use super::DeviceArg;
-use anyhow::{Context, bail};
+use super::{DeviceArg, Failure};
+use anyhow::Context;
 use tandem::worker::{self, Place};
 use tandem_api::Backend;
 use tandem_api::contract::user::{UserProgress, env as user_env};
 use tandem_api::contract::{GroupReport, Role, WorkerLine};
 use tandem_comm::Communicator;
-use tandem_compute::train::TrainError;
 
 /// Arguments of `tandem worker`.
 #[derive(clap::Args)]
@@ -31,34 +30,27 @@ pub struct Args {
 }
 
 /// Runs `tandem worker`. A worker that failed because another process of the job was lost
-/// exits with [`tandem_api::contract::EXIT_PEER_LOST`] (retryable) instead of 1; one that SIGTERM
-/// stopped at a step boundary, its state saved, with [`tandem_api::contract::EXIT_PREEMPTED`].
+/// exits with [`tandem_api::ExitClass::PeerLost`]'s code (retryable) instead of 1; one that SIGTERM stopped
+/// at a step boundary, its state saved, with [`tandem_api::ExitClass::Preempted`]'s ([`super::finish`]).
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let result = run_worker(args);
-    if let Err(e) = &result
-        && let Some(worker_error) = e.downcast_ref::<worker::WorkerError>()
-    {
-        if let worker::WorkerError::Train(preempted @ TrainError::Preempted { .. }) = worker_error {
-            eprintln!("{e:#}");
-            super::termination_message(&format!("{e:#}"));
-            tracing::warn!(%preempted, "worker stopped on SIGTERM; a restart resumes here");
-            std::process::exit(tandem_api::contract::EXIT_PREEMPTED);
-        }
-        if worker_error.is_peer_lost() {
-            eprintln!("Error: {e:?}");
-            super::termination_message(&format!("{e:#}"));
-            std::process::exit(tandem_api::contract::EXIT_PEER_LOST);
-        }
-    }
-    result
+    super::finish(run_worker(args))
 }
 
-fn run_worker(args: Args) -> anyhow::Result<()> {
+/// [`worker::run`]'s error as this rank's failure, of the class its cause was given.
+fn failure(e: worker::WorkerError, group: u32, rank: u32) -> Failure {
+    Failure::new(e.exit_class(), anyhow::Error::new(e).context(format!("worker {group}/{rank}")))
+}
+
+fn run_worker(args: Args) -> Result<(), Failure> {
     super::init_logging();
 
     let super::Contract { env, job, token } = super::load_contract()?;
     let Role::Worker { group, rank } = env.role else {
-        bail!("`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}", env.role);
+        return Err(anyhow::anyhow!(
+            "`tandem worker` runs a worker rank, but TANDEM_ROLE says this process is {}",
+            env.role
+        )
+        .into());
     };
     let device = args.device.select()?;
     if let Some(listener) = super::metrics_listener(env.attempt)? {
@@ -75,10 +67,11 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
     };
     match job.spec.workers.backend {
         Backend::Tcp => {
-            let timeout = tandem_api::contract::peer_timeout(|k| std::env::var(k).ok())?;
+            let timeout =
+                tandem_api::contract::peer_timeout(|k| std::env::var(k).ok()).map_err(anyhow::Error::from)?;
             let host = std::env::var(tandem_comm::host::HOST_ID_ENV).ok().filter(|h| !h.is_empty());
             let comm = worker::connect_tcp(&job, &place, &token, timeout, host)
-                .with_context(|| format!("worker {group}/{rank}"))?;
+                .map_err(|e| failure(e, group, rank))?;
             if job.spec.model.parallelism.is_data() {
                 train(&job, &place, &token, &args, &device, comm, None)
             } else {
@@ -91,7 +84,7 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
         Backend::Mpi => {
             #[cfg(feature = "mpi")]
             {
-                let runtime = tandem_comm::mpi::MpiRuntime::init()?;
+                let runtime = tandem_comm::mpi::MpiRuntime::init().map_err(anyhow::Error::from)?;
                 let comm = runtime.world();
                 place.rank = comm.rank() as u32;
                 train(&job, &place, &token, &args, &device, comm, None)
@@ -99,9 +92,10 @@ fn run_worker(args: Args) -> anyhow::Result<()> {
             #[cfg(not(feature = "mpi"))]
             {
                 let _ = &mut place;
-                bail!(
+                Err(anyhow::anyhow!(
                     "this job uses backend: mpi, but this tandem was built without the `mpi` feature; rebuild with it"
                 )
+                .into())
             }
         }
     }
@@ -115,7 +109,7 @@ fn train<C: Communicator>(
     device: &tandem_compute::device::Device,
     comm: C,
     model_group: Option<Box<dyn tandem_kernels::split::Group>>,
-) -> anyhow::Result<()> {
+) -> Result<(), Failure> {
     let (group, rank) = (place.group, place.rank);
     let mut file = ProgressFile::from_env();
     let comm = tandem_comm::Metered(comm);
@@ -125,7 +119,7 @@ fn train<C: Communicator>(
             file.append(&progress);
         }
     })
-    .with_context(|| format!("worker {group}/{rank}"))?;
+    .map_err(|e| failure(e, group, rank))?;
     let finished = WorkerLine::Finished {
         group,
         rank,

@@ -49,8 +49,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tandem_api::TrainingJobSpec;
 use tandem_api::contract::{self, Endpoint, JobConfig, LaunchEnv, Role};
+use tandem_api::{JobPlan, TrainingJobSpec};
 
 use chaos::Chaos;
 use nodes::Placement;
@@ -844,8 +844,9 @@ fn final_model(opts: &Options) -> Result<Trainer, RunnerError> {
     let spec = &opts.spec;
     let data =
         tandem_input::open_job(spec, &opts.data_dir).map_err(|e| RunnerError::Config(e.to_string()))?;
-    let world = spec.workers.ranks() as usize;
-    Trainer::new(spec, data, &Device::Cpu, 0, world).map_err(|e| RunnerError::Config(e.to_string()))
+    let plan =
+        JobPlan::resolve(spec, data.train.samples()).map_err(|e| RunnerError::Config(e.to_string()))?;
+    Trainer::new(spec, &plan, data, &Device::Cpu, 0).map_err(|e| RunnerError::Config(e.to_string()))
 }
 
 /// What the runner writes into the output folder before it starts a process.

@@ -27,7 +27,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use tandem_api::OptimizerSpec;
+use tandem_api::{ExitClass, OptimizerSpec};
 
 use super::words::{CURSOR_WORDS, broadcast_words, cursor_of, gather_cursors};
 use tandem_comm::{Communicator, ReduceOp, block_range};
@@ -311,9 +311,10 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
             pack(params, &o.shared, &mut o.params);
             let got = self.comm.reduce_scatter(&mut o.grads, ReduceOp::Average).map_err(super::collective)?;
             if got != b {
-                return Err(TrainError::Step(format!(
-                    "reduce-scatter returned block {got:?}, expected {b:?}"
-                )));
+                return Err(TrainError::step(
+                    ExitClass::Permanent,
+                    format!("reduce-scatter returned block {got:?}, expected {b:?}"),
+                ));
             }
             self.optimizer.step(&mut o.params[b.clone()], &o.grads[b], lr)?;
             self.comm.allgather(&mut o.params).map_err(super::collective)?;
@@ -331,7 +332,10 @@ impl<C: Communicator> GradientStep for AllreduceStep<C> {
         }
         let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
         if got != b {
-            return Err(TrainError::Step(format!("reduce-scatter returned block {got:?}, expected {b:?}")));
+            return Err(TrainError::step(
+                ExitClass::Permanent,
+                format!("reduce-scatter returned block {got:?}, expected {b:?}"),
+            ));
         }
         self.optimizer.step(&mut params[b.clone()], &grads[b], lr)?;
         self.comm.allgather(params).map_err(super::collective)?;

@@ -47,8 +47,8 @@ mod words;
 
 use std::path::{Path, PathBuf};
 
-use tandem_api::JobPlan;
 use tandem_api::contract::JobConfig;
+use tandem_api::{ExitClass, JobPlan};
 
 use allreduce::AllreduceStep;
 use ps_step::PsStep;
@@ -59,9 +59,8 @@ use tandem_comm::{CommError, Communicator};
 use tandem_compute::checkpoint;
 use tandem_compute::device::Device;
 use tandem_compute::mirror::Mirror;
-use tandem_compute::model::{self, ModelError};
+use tandem_compute::model;
 use tandem_compute::train::{Cadence, GradientStep, TrainError, Trainer};
-use tandem_kernels::net::NetError;
 use tandem_kernels::split::Group;
 use tandem_ps::client::{ClientConfig, PsClient};
 
@@ -95,17 +94,16 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    /// Whether the worker failed because another process of the job was lost (a peer rank, a
-    /// parameter server), not through its own fault: `tandem worker` then exits with
-    /// [`tandem_api::contract::EXIT_PEER_LOST`], which restart policies retry.
-    pub fn is_peer_lost(&self) -> bool {
+    /// How `tandem worker` exits after this error ([`ExitClass::code`]): [`ExitClass::PeerLost`]
+    /// when another process of the job was lost (a peer rank, a parameter server), not through
+    /// its own fault, which restart policies retry; [`ExitClass::Preempted`] after a stop on
+    /// SIGTERM; [`ExitClass::Permanent`] otherwise. Each cause was classified where it was raised.
+    pub fn exit_class(&self) -> ExitClass {
         match self {
-            WorkerError::Comm { source, .. } => source.is_peer_lost(),
-            WorkerError::Ps(e) => e.is_peer_lost(),
-            WorkerError::Train(TrainError::PeerLost(_)) => true,
-            WorkerError::Train(TrainError::Model(ModelError::Engine(NetError::Group(e)))) => e.peer_lost,
-            WorkerError::Train(TrainError::Preempted { .. }) => false,
-            WorkerError::Train(_) | WorkerError::Config(_) => false,
+            WorkerError::Comm { source, .. } => source.exit_class(),
+            WorkerError::Ps(e) => e.exit_class(),
+            WorkerError::Train(e) => e.exit_class(),
+            WorkerError::Config(_) => ExitClass::Permanent,
         }
     }
 }
@@ -143,11 +141,10 @@ pub struct Summary {
     pub accuracy: f64,
 }
 
-/// A failed group collective as a training error: [`TrainError::PeerLost`] when a peer rank was
-/// lost (retryable), [`TrainError::Step`] otherwise.
+/// A failed group collective as a training error of the collective's class
+/// ([`ExitClass::PeerLost`] when a peer rank was lost, retryable).
 pub fn collective(e: CommError) -> TrainError {
-    let message = format!("group collective: {e}");
-    if e.is_peer_lost() { TrainError::PeerLost(message) } else { TrainError::Step(message) }
+    TrainError::step(e.exit_class(), format!("group collective: {e}"))
 }
 
 /// Forms group `place.group`'s `tcp` communicator from the job config's peer list: every peer
@@ -206,15 +203,14 @@ pub fn run<C: Communicator>(
     let training = &spec.training;
     let size = spec.workers.group_size.max(1) as usize;
     check_place(job, place, &comm)?;
-    let world = spec.workers.ranks() as usize;
-    let global = (place.group as usize * size + place.rank as usize) % world;
     let data = tandem_input::open_job(spec, data_dir).map_err(TrainError::from)?;
-    // The job's facts, decided once: what the servers do and how long the run is. The servers'
-    // schedule spans the plan's step count, which the hello tells them.
+    // The job's facts, decided once and passed down: the world, the batches and the run's length
+    // (the trainer's loop and schedule, the servers' schedule through the hello), what the servers do.
     let plan =
         JobPlan::resolve(spec, data.train.samples()).map_err(|e| WorkerError::Config(e.to_string()))?;
+    let global = (place.group as usize * size + place.rank as usize) % plan.world as usize;
     let mut trainer = if spec.model.parallelism.is_data() {
-        Trainer::new(spec, data, device, global, world)?
+        Trainer::new(spec, &plan, data, device, global)?
     } else {
         let group = model_group.ok_or_else(|| {
             WorkerError::Config(format!(
@@ -229,18 +225,11 @@ pub fn run<C: Communicator>(
             ));
         }
         let threads = model::engine::threads().map_err(TrainError::from)?;
-        Trainer::with_model(spec, data, global, world, |input, classes| {
+        Trainer::with_model(spec, &plan, data, global, |input, classes| {
             let m = model::Split::new(&spec.model, input, classes, training.seed, threads, group)?;
             Ok(Box::new(m) as Box<dyn model::Model>)
         })?
     };
-    if trainer.total_steps() != plan.total_steps {
-        return Err(WorkerError::Config(format!(
-            "this rank's data loader gives a {}-step run but the job plan {}; this is a bug, please report it",
-            trainer.total_steps(),
-            plan.total_steps
-        )));
-    }
     let mut params = trainer.params().to_vec();
     let checkpoints = place.output.join("checkpoints");
     let mirror = Mirror::of(&job.spec, &job.job_name, &place.output);

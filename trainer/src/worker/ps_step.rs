@@ -46,8 +46,8 @@ use std::ops::Range;
 
 use tandem_api::OptimizerSpec;
 
-use tandem_api::PsMode;
 use tandem_api::contract::GroupReport;
+use tandem_api::{ExitClass, PsMode};
 use tandem_comm::{Communicator, ReduceOp, block_range};
 use tandem_compute::optim::{Optimizer, OptimizerState};
 use tandem_compute::train::{EpochShare, GradientStep, TrainError};
@@ -73,7 +73,7 @@ pub struct PsStep<C: Communicator> {
 }
 
 fn ps_err(e: ClientError) -> TrainError {
-    if e.is_peer_lost() { TrainError::PeerLost(e.to_string()) } else { TrainError::Step(e.to_string()) }
+    TrainError::step(e.exit_class(), e)
 }
 
 /// A failed push of step `step`: a refusal of non-finite values is the model's divergence
@@ -214,9 +214,10 @@ impl<C: Communicator> GradientStep for PsStep<C> {
             PsMode::Sync | PsMode::Async { .. } => {
                 let got = self.comm.reduce_scatter(grads, ReduceOp::Average).map_err(super::collective)?;
                 if got != b {
-                    return Err(TrainError::Step(format!(
-                        "reduce-scatter returned block {got:?}, expected {b:?}"
-                    )));
+                    return Err(TrainError::step(
+                        ExitClass::Permanent,
+                        format!("reduce-scatter returned block {got:?}, expected {b:?}"),
+                    ));
                 }
                 if !b.is_empty() {
                     self.client
@@ -319,9 +320,12 @@ impl<C: Communicator> GradientStep for PsStep<C> {
                 return Err(e);
             }
             if words[0] != 1 {
-                return Err(TrainError::Step(format!(
-                    "rank 0 of the group could not get the job's epoch plan for epoch {epoch} (see its log)"
-                )));
+                return Err(TrainError::step(
+                    ExitClass::Permanent,
+                    format!(
+                        "rank 0 of the group could not get the job's epoch plan for epoch {epoch} (see its log)"
+                    ),
+                ));
             }
             self.epochs = words[1..].iter().map(|&g| g as u32).collect();
         }
@@ -374,10 +378,10 @@ mod tests {
         );
         assert!(matches!(e, TrainError::NonFinite { step: 7, .. }));
         // Not a lost peer: `tandem worker` exits 1, which restart policies treat as permanent.
-        assert!(!crate::worker::WorkerError::Train(e).is_peer_lost());
+        assert_eq!(crate::worker::WorkerError::Train(e).exit_class(), ExitClass::Permanent);
         // A server lost during a push stays retryable, another refusal a step error.
         let lost = ClientError::Lost { index: 0, addr: "a".into(), op: "push", detail: "reset".into() };
-        assert!(matches!(push_err(7, lost), TrainError::PeerLost(_)));
+        assert_eq!(push_err(7, lost).exit_class(), ExitClass::PeerLost);
         let other = ClientError::Refused {
             index: 0,
             addr: "a".into(),
@@ -385,6 +389,6 @@ mod tests {
             code: ErrorCode::OutOfBounds,
             message: "step".into(),
         };
-        assert!(matches!(push_err(7, other), TrainError::Step(_)));
+        assert!(matches!(push_err(7, other), TrainError::Step { class: ExitClass::Permanent, .. }));
     }
 }

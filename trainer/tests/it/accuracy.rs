@@ -6,15 +6,14 @@
 use crate::trainer_support;
 
 use tandem_api::contract::GroupReport;
-use tandem_compute::device::Device;
 use tandem_compute::optim::Optimizer;
-use tandem_compute::train::{Cadence, LocalStep, RunSummary, Trainer};
+use tandem_compute::train::{Cadence, LocalStep, RunSummary};
 use tandem_input as data;
 
 fn train_example(name: &str) -> (RunSummary, Vec<GroupReport>) {
     let spec = trainer_support::example(name);
     let splits = data::load(&spec.data, &trainer_support::data_dir(), spec.training.seed).unwrap();
-    let mut t = Trainer::new(&spec, splits, &Device::Cpu, 0, 1).unwrap();
+    let mut t = trainer_support::trainer_of(&spec, splits, 0, 1);
     let mut u = LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()));
     let mut reports = Vec::new();
     let s = t.run(&mut u, &Cadence::default(), &mut |r| reports.push(*r)).unwrap();

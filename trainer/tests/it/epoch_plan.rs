@@ -6,7 +6,6 @@
 use crate::trainer_support;
 
 use tandem_api::TrainingJobSpec;
-use tandem_compute::device::Device;
 use tandem_compute::optim::{Optimizer, OptimizerState};
 use tandem_compute::train::{Cadence, EpochShare, GradientStep, LocalStep, TrainError, Trainer};
 use tandem_input::{self as data, DataCursor};
@@ -48,7 +47,7 @@ fn spec(epochs: u32) -> TrainingJobSpec {
 
 fn trainer(spec: &TrainingJobSpec, plan: &[EpochShare]) -> (Trainer, Planned) {
     let splits = data::load(&spec.data, &trainer_support::data_dir(), spec.training.seed).unwrap();
-    let t = Trainer::new(spec, splits, &Device::Cpu, 0, 1).unwrap();
+    let t = trainer_support::trainer_of(spec, splits, 0, 1);
     let inner = LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()));
     (t, Planned { inner, plan: plan.to_vec(), asked: Vec::new() })
 }

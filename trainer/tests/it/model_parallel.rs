@@ -24,7 +24,6 @@ use tandem_api::{PsMode, TrainingJobSpec};
 use tandem_comm::Communicator;
 use tandem_comm::tcp::{self, TcpConfig};
 use tandem_compute::checkpoint::{self, Checkpoint};
-use tandem_compute::device::Device;
 use tandem_compute::model::{BatchStats, Model, Split};
 use tandem_compute::train::Trainer;
 use tandem_ps::client::PsClient;
@@ -52,7 +51,9 @@ fn split_trainer(
     let shared = Shared::new(comm);
     let group = shared.model_group();
     let seed = spec.training.seed;
-    let trainer = Trainer::with_model(spec, data(spec), global, world, |input, classes| {
+    let data = data(spec);
+    let plan = crate::trainer_support::plan(spec, data.train.len() as u64, world);
+    let trainer = Trainer::with_model(spec, &plan, data, global, |input, classes| {
         Ok(Box::new(Split::new(&spec.model, input, classes, seed, 1, group)?) as Box<dyn Model>)
     })
     .unwrap();
@@ -73,7 +74,7 @@ fn assert_split_equals_one_process(model: serde_json::Value, shape: [u32; 3], p:
     let mut whole_model = model.clone();
     whole_model.as_object_mut().unwrap().remove("parallelism");
     let single = job(p as u32 * b, whole_model);
-    let mut one = Trainer::new(&single, data(&single), &Device::Cpu, 0, 1).unwrap();
+    let mut one = crate::trainer_support::trainer_of(&single, data(&single), 0, 1);
     let (want, _) = one.compute_gradient().unwrap();
     let want_grads = one.grads().to_vec();
 
@@ -141,7 +142,9 @@ fn a_layer_override_naming_no_dense_layer_is_refused_with_the_models_dense_layer
     let peers = crate::ps_common::loopback_endpoints(1);
     let comm = tcp::connect(0, &peers, "127.0.0.1", b"model-parallel", TcpConfig::default()).unwrap();
     let group = Shared::new(comm).model_group();
-    let err = Trainer::with_model(&spec, data(&spec), 0, 1, |input, classes| {
+    let data = data(&spec);
+    let plan = crate::trainer_support::plan(&spec, data.train.len() as u64, 1);
+    let err = Trainer::with_model(&spec, &plan, data, 0, |input, classes| {
         Ok(Box::new(Split::new(&spec.model, input, classes, 0, 1, group)?) as Box<dyn Model>)
     })
     .unwrap_err()
@@ -310,7 +313,7 @@ fn ps_hybrid_run(parallelism: &str) -> Vec<Vec<f32>> {
                                 )
                                 .unwrap();
                                 (
-                                    Trainer::new(&spec, data(&spec), &Device::Cpu, global, 4).unwrap(),
+                                    crate::trainer_support::trainer_of(&spec, data(&spec), global, 4),
                                     Shared::new(comm),
                                 )
                             };

@@ -144,7 +144,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 fn trainer(spec: &TrainingJobSpec) -> (Trainer, LocalStep) {
     let splits = data::load_job(spec, &trainer_support::data_dir()).unwrap();
-    let t = Trainer::new(spec, splits, &Device::Cpu, 0, 1).unwrap();
+    let t = trainer_support::trainer_of(spec, splits, 0, 1);
     let u = LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()));
     (t, u)
 }

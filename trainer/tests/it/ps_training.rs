@@ -13,7 +13,6 @@ use tandem::worker::ps_step::PsStep;
 use tandem_api::PsMode;
 use tandem_api::TrainingJobSpec;
 use tandem_comm::tcp::{self, TcpComm, TcpConfig};
-use tandem_compute::device::Device;
 use tandem_compute::optim::Optimizer;
 use tandem_compute::train::{LocalStep, Trainer};
 use tandem_ps::client::PsClient;
@@ -43,7 +42,7 @@ fn for_groups(mut json: serde_json::Value, groups: u32, size: u32) -> serde_json
 
 fn trainer(spec: &TrainingJobSpec, rank: usize, world: usize) -> Trainer {
     let data = tandem_input::load(&spec.data, Path::new("unused"), spec.training.seed).unwrap();
-    Trainer::new(spec, data, &Device::Cpu, rank, world).unwrap()
+    crate::trainer_support::trainer_of(spec, data, rank, world)
 }
 
 /// Runs one group of `size` ranks (threads) for the job's steps; returns each rank's final

@@ -13,9 +13,8 @@
 use crate::trainer_support;
 
 use tandem_api::TrainingJobSpec;
-use tandem_compute::device::Device;
 use tandem_compute::optim::Optimizer;
-use tandem_compute::train::{Cadence, LocalStep, RunSummary, Trainer};
+use tandem_compute::train::{Cadence, LocalStep, RunSummary};
 use tandem_input::{self as data, Splits};
 
 /// Trains `spec` on the first `train` training and `test` test samples of its data.
@@ -27,7 +26,7 @@ fn train(spec: &TrainingJobSpec, train: usize, test: usize) -> RunSummary {
         train: all_train.select(&first(train, all_train.len())),
         test: all_test.select(&first(test, all_test.len())),
     };
-    let mut t = Trainer::new(spec, splits, &Device::Cpu, 0, 1).unwrap();
+    let mut t = trainer_support::trainer_of(spec, splits, 0, 1);
     let mut u = LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()));
     t.run(&mut u, &Cadence::default(), &mut |_| {}).unwrap()
 }

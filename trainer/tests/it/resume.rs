@@ -5,14 +5,13 @@
 use crate::trainer_support;
 
 use tandem_api::TrainingJobSpec;
-use tandem_compute::device::Device;
 use tandem_compute::optim::Optimizer;
 use tandem_compute::train::{LocalStep, Trainer};
 use tandem_input as data;
 
 fn trainer(spec: &TrainingJobSpec) -> (Trainer, LocalStep) {
     let splits = data::load(&spec.data, &trainer_support::data_dir(), spec.training.seed).unwrap();
-    let t = Trainer::new(spec, splits, &Device::Cpu, 0, 1).unwrap();
+    let t = trainer_support::trainer_of(spec, splits, 0, 1);
     let u = LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()));
     (t, u)
 }

@@ -103,8 +103,23 @@ fn trainer(spec: &TrainingJobSpec, stateful: bool, rank: usize, world: usize) ->
     } else {
         net
     };
+    let plan = trainer_support::plan(spec, train.len() as u64, world);
     let loader = Loader::new(train, spec.data.batch_size as usize, seed, rank, world).unwrap();
-    Trainer::with_parts(spec, model, Box::new(loader), test, world).unwrap()
+    Trainer::with_parts(spec, &plan, model, Box::new(loader), test).unwrap()
+}
+
+#[test]
+fn a_trainer_refuses_a_plan_resolved_for_another_world() {
+    let spec = job();
+    let (train, test) = sets();
+    let plan = trainer_support::plan(&spec, train.len() as u64, 2);
+    let net = model::build(&spec.model, SHAPE, CLASSES, spec.training.seed, &Device::Cpu).unwrap();
+    let loader = Loader::new(train, spec.data.batch_size as usize, spec.training.seed, 0, 1).unwrap();
+    let Err(err) = Trainer::with_parts(&spec, &plan, net, Box::new(loader), test) else {
+        panic!("a one-rank source under a two-rank plan was accepted");
+    };
+    let err = err.to_string();
+    assert!(err.contains("gives 40 batches per epoch on each rank, the job plan 20"), "{err}");
 }
 
 fn local_step(t: &Trainer, spec: &TrainingJobSpec) -> LocalStep {

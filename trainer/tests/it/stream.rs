@@ -136,7 +136,8 @@ fn a_training_run_on_a_stream_resumes_from_its_checkpoint_bit_for_bit() {
     let trainer = || {
         let stream = ShardStream::open(paths.clone(), opts.clone(), 32, spec.training.seed, 0, 1).unwrap();
         let net = model::build(&spec.model, stream.shape(), 10, spec.training.seed, &Device::Cpu).unwrap();
-        let t = Trainer::with_parts(&spec, net, Box::new(stream), test.clone(), 1).unwrap();
+        let plan = crate::trainer_support::plan(&spec, stream.samples(), 1);
+        let t = Trainer::with_parts(&spec, &plan, net, Box::new(stream), test.clone()).unwrap();
         let u = LocalStep::new(Optimizer::new(&spec.training.optimizer, t.params().len()));
         (t, u)
     };

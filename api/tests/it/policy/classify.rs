@@ -3,7 +3,7 @@
 //! and which of a unit's failures decides about it.
 
 use tandem_api::policy::{self, Failure, FailureKind};
-use tandem_api::{RestartPolicy, Role};
+use tandem_api::{ExitClass, RestartPolicy, Role};
 
 use super::{hybrid, worker};
 
@@ -28,6 +28,24 @@ fn signals_and_exit_codes_from_128_are_retryable_lower_codes_are_not() {
     let never = hybrid(RestartPolicy::Never, 5, &[3]).run_policy;
     for kind in [FailureKind::Signal(9), FailureKind::Exit(200), FailureKind::Exit(3), FailureKind::Evicted] {
         assert!(!kind.retryable(&never), "{kind:?}");
+    }
+}
+
+#[test]
+fn each_exit_class_has_one_code_which_the_policy_reads_back() {
+    let classes = [ExitClass::Permanent, ExitClass::Preempted, ExitClass::PeerLost];
+    assert_eq!(classes.map(ExitClass::code), [1, 143, 200]);
+    let on_failure = hybrid(RestartPolicy::OnFailure, 5, &[]).run_policy;
+    for class in classes {
+        let kind = FailureKind::Exit(class.code());
+        assert_eq!(kind.exit_class(), Some(class));
+        // Only a permanent failure is not retried.
+        assert_eq!(kind.retryable(&on_failure), class != ExitClass::Permanent, "{class}");
+    }
+    // Success, a signal seen by the parent and another signal's code are no class of Tandem's.
+    for kind in [FailureKind::Exit(0), FailureKind::Exit(137), FailureKind::Signal(15), FailureKind::Evicted]
+    {
+        assert_eq!(kind.exit_class(), None, "{kind:?}");
     }
 }
 
