@@ -38,7 +38,9 @@ python-dev-install: python-env
 python-lint: python-env
 	cd python && $(PY_BIN)/ruff format --check . && $(PY_BIN)/ruff check .
 
+# The jobs run the `tandem` binary of the test build (a no-op after `make test`'s test-build; built
+# with the same features, so nothing compiles twice).
 python-test: python-lint python-dev-install data
-	$(CARGO) build -p tandem-trainer --bin tandem
+	$(CARGO) test -q --workspace --features $(TEST_FEATURES) --no-run
 	cd python && TANDEM_BIN=$(abspath $(PY_TARGET))/debug/tandem TANDEM_DATA_DIR=$(abspath data) \
 		$(PY_BIN)/pytest -q tests
