@@ -1,0 +1,136 @@
+//! `tandem._native`: the Rust half of the `tandem` Python package, over Tandem's own crates.
+//!
+//! Expected flow: Python's `tandem.torch.init()` calls `init`, which reads the launch contract
+//! ([`tandem_api::contract`]) as `tandem worker` does and forms this rank's group communicator with
+//! the `tcp` collectives ([`tandem_comm::tcp::connect_from_contract`]); the tensor calls then hand
+//! a tensor's memory to that communicator by its data pointer, without a copy and with the GIL
+//! released (`tensor`); `shutdown` says goodbye to the peers.
+//!
+//! Guarantees: no collective or contract logic lives here or in Python, only the crates'; every
+//! failure is a Python exception of `errors` saying what to do; a tensor that is not what a call
+//! needs (not a CPU tensor, not contiguous, not `float32` where the call sums) is refused before
+//! its memory is touched.
+//!
+//! Caveats: one communicator per process, used by one collective at a time (calls from several
+//! Python threads take turns); a tensor must not be resized or freed by another thread while a
+//! collective on it runs, as with any in-place torch operation.
+
+mod errors;
+mod progress;
+mod session;
+mod tensor;
+
+use pyo3::prelude::*;
+use tandem_comm::Communicator;
+
+/// Joins this rank's group as the launch contract says; a no-op when already joined.
+#[pyfunction]
+fn init(py: Python<'_>) -> PyResult<()> {
+    session::init(py)
+}
+
+/// Leaves the group, telling the peers this rank is done; a no-op when not joined.
+#[pyfunction]
+fn shutdown(py: Python<'_>) -> PyResult<()> {
+    session::shutdown(py)
+}
+
+/// Whether [`init`] has joined the group.
+#[pyfunction]
+fn is_initialized() -> PyResult<bool> {
+    session::is_initialized()
+}
+
+/// This process's rank in its group.
+#[pyfunction]
+fn rank() -> PyResult<u32> {
+    session::with_info("rank", |i| i.rank)
+}
+
+/// The number of ranks in this process's group.
+#[pyfunction]
+fn size() -> PyResult<u32> {
+    session::with_info("size", |i| i.size)
+}
+
+/// This process's rank among the group's processes on its host.
+#[pyfunction]
+fn local_rank() -> PyResult<u32> {
+    session::with_info("local_rank", |i| i.local_rank)
+}
+
+/// The index of this process's group.
+#[pyfunction]
+fn group() -> PyResult<u32> {
+    session::with_info("group", |i| i.group)
+}
+
+/// The number of worker groups of the job.
+#[pyfunction]
+fn groups() -> PyResult<u32> {
+    session::with_info("groups", |i| i.groups)
+}
+
+/// The job's `training.algorithm`, as written in the job (`allreduce`, `hybrid`, …).
+#[pyfunction]
+fn algorithm() -> PyResult<String> {
+    session::with_info("algorithm", |i| i.algorithm.clone())
+}
+
+/// The job's name.
+#[pyfunction]
+fn job_name() -> PyResult<String> {
+    session::with_info("job_name", |i| i.job_name.clone())
+}
+
+/// Averages (or sums) a contiguous float32 CPU tensor over the group, in place.
+#[pyfunction]
+#[pyo3(signature = (tensor, average = true))]
+fn allreduce_(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> PyResult<()> {
+    tensor::allreduce(py, tensor, average)
+}
+
+/// Copies rank `root_rank`'s contiguous CPU tensor, of any dtype, into every rank's, in place.
+#[pyfunction]
+fn broadcast_(py: Python<'_>, tensor: &Bound<'_, PyAny>, root_rank: usize) -> PyResult<()> {
+    tensor::broadcast(py, tensor, root_rank)
+}
+
+/// Returns once every rank of the group has called it.
+#[pyfunction]
+fn barrier(py: Python<'_>) -> PyResult<()> {
+    session::with_comm(py, "barrier", |comm| comm.barrier())
+}
+
+/// Appends one progress line for the job's status (rank 0 writes; other ranks' calls are no-ops).
+#[pyfunction]
+#[pyo3(signature = (step, loss = None, accuracy = None, samples = None, epoch = None))]
+fn report(
+    step: u64,
+    loss: Option<f64>,
+    accuracy: Option<f64>,
+    samples: Option<u64>,
+    epoch: Option<u64>,
+) -> PyResult<bool> {
+    progress::report(step, loss, accuracy, samples, epoch)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(rank, m)?)?;
+    m.add_function(wrap_pyfunction!(size, m)?)?;
+    m.add_function(wrap_pyfunction!(local_rank, m)?)?;
+    m.add_function(wrap_pyfunction!(group, m)?)?;
+    m.add_function(wrap_pyfunction!(groups, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithm, m)?)?;
+    m.add_function(wrap_pyfunction!(job_name, m)?)?;
+    m.add_function(wrap_pyfunction!(allreduce_, m)?)?;
+    m.add_function(wrap_pyfunction!(broadcast_, m)?)?;
+    m.add_function(wrap_pyfunction!(barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(report, m)?)?;
+    Ok(())
+}
