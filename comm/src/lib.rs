@@ -63,6 +63,7 @@ pub mod selftest;
 pub mod shm;
 pub mod tcp;
 pub mod transport;
+pub mod words;
 
 use std::fmt;
 use std::ops::Range;

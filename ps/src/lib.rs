@@ -3,8 +3,10 @@
 //! `ps::server`; it links this crate for the same protocol.
 //!
 //! [`shard`] (who holds which range, a pure function both sides share), [`wire`] (the framed
-//! binary protocol) and [`client`] (the client end: push and pull across every shard). Nothing
-//! here imports the server, a role, the training loop, data or models.
+//! binary protocol), [`client`] (the client end: push and pull across every shard) and [`group`]
+//! (a worker group's half of each algorithm, over the group's collectives and the client: what
+//! `tandem worker` and `tandem.torch` both run). Nothing here imports the server, a role, the
+//! training loop, data or models.
 //!
 //! Expected flow, per worker rank: connect to every shard, read its challenge and say hello (an
 //! HMAC of the job token over the challenge, group, rank, attempt, vector length, run length);
@@ -16,5 +18,6 @@
 //! consistency of each [`tandem_api::PsMode`].
 
 pub mod client;
+pub mod group;
 pub mod shard;
 pub mod wire;

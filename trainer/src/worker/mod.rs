@@ -43,7 +43,6 @@
 pub mod allreduce;
 pub mod ps_step;
 pub mod shared;
-mod words;
 
 use std::path::{Path, PathBuf};
 
