@@ -1,10 +1,12 @@
-"""An MLP on Fashion-MNIST, trained by a worker group through tandem.torch (algorithm: allreduce).
+"""An MLP on Fashion-MNIST, trained through tandem.torch with the job's training.algorithm.
 
-Run by Tandem:  tandem train -f job.yaml   (from this folder; needs PyTorch, the tandem wheel
-                                            (`make python-wheel`) and `make data`)
+Run by Tandem:  tandem train -f job.yaml          (allreduce: one group of two ranks)
+                tandem train -f job-hybrid.yaml   (2 PS shards, 2 groups of 2)
+from this folder; needs PyTorch, the tandem wheel (`make python-wheel`) and `make data`.
 
-Each rank reads its share of every batch; td.DistributedOptimizer averages the gradients over the
-group with Tandem's collectives; rank 0 evaluates and reports the group's progress.
+Each rank of each group reads its share of every batch; td.DistributedOptimizer runs the job's
+algorithm (allreduce in the group, or the group with the parameter servers); a group that
+restarts continues at td.start_step(); rank 0 evaluates and reports the group's progress.
 """
 
 import gzip
@@ -37,6 +39,8 @@ def load(folder, split):
 def main():
     td.init()
     rank, size = td.rank(), td.size()
+    # Every rank of every group reads its own slice of each step's samples.
+    world_rank, world = td.group() * size + rank, td.groups() * size
     steps = int(os.environ.get("TANDEM_STEPS", 200))
     eval_every = int(os.environ.get("TANDEM_EVAL_EVERY", 100))
     batch = int(os.environ.get("BATCH_SIZE", 64))
@@ -53,10 +57,14 @@ def main():
     )
 
     order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(7))
-    per_step = batch * size
+    per_step = batch * world
     losses = []
-    for step in range(1, steps + 1):
-        at = ((step - 1) * per_step) % (len(order) - per_step) + rank * batch
+    accuracy = None
+    start = td.start_step()
+    if rank == 0 and start > 0:
+        print(f"group {td.group()} continues at step {start} from the parameter servers", flush=True)
+    for step in range(start + 1, steps + 1):
+        at = ((step - 1) * per_step) % (len(order) - per_step) + world_rank * batch
         index = order[at : at + batch]
         opt.zero_grad()
         loss = F.cross_entropy(model(train_x[index]), train_y[index])
@@ -68,9 +76,9 @@ def main():
             if step == steps or (eval_every > 0 and step % eval_every == 0):
                 with torch.no_grad():
                     accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
-            td.report(step, loss=sum(losses) / len(losses), accuracy=accuracy, samples=step * per_step)
+            td.report(step, loss=sum(losses) / len(losses), accuracy=accuracy, samples=step * batch * size)
             losses = []
-    if rank == 0:
+    if rank == 0 and accuracy is not None:
         print(f"rank 0: test accuracy {accuracy:.4f} after {steps} steps", flush=True)
 
 

@@ -102,6 +102,50 @@ fn barrier(py: Python<'_>) -> PyResult<()> {
     session::with_comm(py, "barrier", |comm| comm.barrier())
 }
 
+/// Joins the parameter servers with the flat float32 weights `params` (taken by the servers when
+/// they hold none), which then hold the servers' weights; returns the step the group continues
+/// from. Collective: every rank of the group calls it once.
+#[pyfunction]
+fn ps_start(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<u64> {
+    tensor::ps_start(py, params)
+}
+
+/// One step of `ps-sync`, `ps-async` or `hybrid`: the group's averaged gradient pushed for `step`,
+/// the servers' new weights pulled into `params` (flat float32 tensors of one length).
+#[pyfunction]
+fn ps_push_pull(
+    py: Python<'_>,
+    step: u64,
+    params: &Bound<'_, PyAny>,
+    grads: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    tensor::ps_push_pull(py, step, params, grads)
+}
+
+/// `easgd`'s elastic exchange after step `step` when it is due (every τ steps); returns whether
+/// it exchanged.
+#[pyfunction]
+fn ps_elastic(py: Python<'_>, step: u64, params: &Bound<'_, PyAny>) -> PyResult<bool> {
+    tensor::ps_elastic(py, step, params)
+}
+
+/// Whether the job's algorithm uses parameter servers, and whether they take gradients
+/// (`ps-sync`, `ps-async`, `hybrid`) or elastic differences (`easgd`): `None`, `"gradients"` or
+/// `"elastic"`.
+#[pyfunction]
+fn ps_kind() -> PyResult<Option<&'static str>> {
+    session::with_info("algorithm", |i| {
+        i.ps_mode.map(|m| if m.pushes_gradients() { "gradients" } else { "elastic" })
+    })
+}
+
+/// The step this rank's group continues from: after joining the parameter servers, their record
+/// of the group's progress (above 0 after a restart); otherwise 0.
+#[pyfunction]
+fn start_step() -> PyResult<u64> {
+    session::with_info("start_step", |i| i.start_step)
+}
+
 /// Appends one progress line for the job's status (rank 0 writes; other ranks' calls are no-ops).
 #[pyfunction]
 #[pyo3(signature = (step, loss = None, accuracy = None, samples = None, epoch = None))]
@@ -132,5 +176,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(broadcast_, m)?)?;
     m.add_function(wrap_pyfunction!(barrier, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
+    m.add_function(wrap_pyfunction!(ps_start, m)?)?;
+    m.add_function(wrap_pyfunction!(ps_push_pull, m)?)?;
+    m.add_function(wrap_pyfunction!(ps_elastic, m)?)?;
+    m.add_function(wrap_pyfunction!(ps_kind, m)?)?;
+    m.add_function(wrap_pyfunction!(start_step, m)?)?;
     Ok(())
 }

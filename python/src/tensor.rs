@@ -145,3 +145,75 @@ fn bytemuck_bytes(words: &mut [f32]) -> &mut [u8] {
     // alignment and every bit pattern is valid both ways.
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
 }
+
+/// The words of a checked `float32` region, for `with`.
+///
+/// # Safety
+///
+/// As [`in_place`].
+unsafe fn words<T>(region: Region, with: impl FnOnce(&mut [f32]) -> T) -> PyResult<T> {
+    // SAFETY: forwarded from the caller.
+    unsafe { in_place(region, with) }
+        .ok_or_else(|| PyValueError::new_err("a float32 tensor's memory is not aligned to its elements"))
+}
+
+/// Refuses two regions that share memory: the weights and the gradients are written at once.
+fn apart(call: &str, a: Region, b: Region) -> PyResult<()> {
+    if a.addr < b.addr + b.bytes && b.addr < a.addr + a.bytes {
+        return Err(PyValueError::new_err(format!(
+            "tandem.torch.{call}: the parameter and gradient buffers overlap; pass two separate tensors"
+        )));
+    }
+    Ok(())
+}
+
+/// Joins the parameter servers with `params` (the flat float32 weights) as the initial weights;
+/// `params` then holds the servers'. Returns the step the group continues from.
+pub fn ps_start(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let region = region(params, "DistributedOptimizer", true)?;
+    // SAFETY: `region` is the checked memory of `params`, which the caller holds for this call.
+    let start = unsafe { words(region, |p| session::ps_start(py, p)) }??;
+    Ok(start)
+}
+
+/// One step of a gradient mode: the group's averaged `grads` pushed for step `step`, the new
+/// weights pulled into `params`.
+pub fn ps_push_pull(
+    py: Python<'_>,
+    step: u64,
+    params: &Bound<'_, PyAny>,
+    grads: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    const CALL: &str = "DistributedOptimizer.step()";
+    let (p, g) = (region(params, CALL, true)?, region(grads, CALL, true)?);
+    apart(CALL, p, g)?;
+    if p.bytes != g.bytes {
+        return Err(PyValueError::new_err(format!(
+            "tandem.torch.{CALL}: {} weights but {} gradients",
+            p.bytes / 4,
+            g.bytes / 4
+        )));
+    }
+    session::with_ps(py, CALL, move |x| {
+        // SAFETY: `p` and `g` are the checked, disjoint memories of `params` and `grads`, which the
+        // caller holds for this call; float32 memory is aligned, so both run.
+        let done = unsafe { in_place(p, |p| in_place(g, |g| x.push_pull(step, p, g))) };
+        done.flatten().unwrap_or_else(|| {
+            Err(tandem_ps::group::ExchangeError::Config("a float32 tensor is not aligned".into()))
+        })
+    })
+}
+
+/// The elastic exchange after step `step` when it is due: `params` moved towards the centre.
+/// Returns whether it exchanged.
+pub fn ps_elastic(py: Python<'_>, step: u64, params: &Bound<'_, PyAny>) -> PyResult<bool> {
+    const CALL: &str = "DistributedOptimizer.step()";
+    let p = region(params, CALL, true)?;
+    session::with_ps(py, CALL, move |x| {
+        // SAFETY: `p` is the checked memory of `params`, which the caller holds for this call.
+        let done = unsafe { in_place(p, |p| x.elastic(step, p)) };
+        done.unwrap_or_else(|| {
+            Err(tandem_ps::group::ExchangeError::Config("a float32 tensor is not aligned".into()))
+        })
+    })
+}

@@ -11,6 +11,7 @@ from tandem._native import (
     CommunicationError,
     ContractError,
     NotInitializedError,
+    ParameterServerError,
     PeerLostError,
     TandemError,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "CommunicationError",
     "ContractError",
     "NotInitializedError",
+    "ParameterServerError",
     "PeerLostError",
     "TandemError",
 ]

@@ -25,8 +25,11 @@ the GIL is released while they communicate. CPU ``float32`` tensors only: there 
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -37,22 +40,26 @@ from tandem._native import (
     CommunicationError,
     ContractError,
     NotInitializedError,
+    ParameterServerError,
     PeerLostError,
     TandemError,
 )
 
 __all__ = [
     "EXIT_PEER_LOST",
+    "EXIT_PREEMPTED",
     "CommunicationError",
     "ContractError",
     "DistributedOptimizer",
     "NotInitializedError",
+    "ParameterServerError",
     "PeerLostError",
     "TandemError",
     "algorithm",
     "allreduce_",
     "barrier",
     "broadcast_",
+    "broadcast_optimizer_state",
     "broadcast_parameters",
     "group",
     "groups",
@@ -62,14 +69,23 @@ __all__ = [
     "rank",
     "report",
     "shutdown",
+    "should_stop",
     "size",
+    "start_step",
 ]
 
 #: The exit code of a rank whose group lost a peer (Tandem's contract): retried like the lost
 #: peer's own failure, so the group restarts instead of the job failing.
 EXIT_PEER_LOST = 200
 
+#: The exit code of a rank that stopped on SIGTERM (preemption, eviction, a drain) after saving
+#: what it needs: 128 + SIGTERM, which Tandem retries; the restarted group resumes (from the
+#: script's checkpoint with ``allreduce``, from the servers in the PS algorithms).
+EXIT_PREEMPTED = 128 + signal.SIGTERM
+
 _handlers_installed = False
+_stop = threading.Event()
+_stop_installed = False
 
 
 def init() -> None:
@@ -105,6 +121,30 @@ def _install_handlers() -> None:
             os._exit(EXIT_PEER_LOST)
 
     sys.excepthook = exit_retryable_on_peer_lost
+
+
+def should_stop() -> bool:
+    """Whether this process was asked to stop (SIGTERM: preemption, eviction, a node drain).
+
+    The first call installs the SIGTERM handler, so a script that never asks keeps the default
+    (SIGTERM ends it at once). Ask at each step boundary; when it says yes, save what the script
+    needs (with ``allreduce``, rank 0's checkpoint; the PS algorithms' state is on the servers)
+    and exit with :data:`EXIT_PREEMPTED`, which Tandem retries::
+
+        for step in range(td.start_step() + 1, steps + 1):
+            ...
+            if td.should_stop():
+                save_checkpoint(step)
+                sys.exit(td.EXIT_PREEMPTED)
+
+    The ranks of a group may see the signal at different steps; each stops at its own, and the
+    group restarts as a whole.
+    """
+    global _stop_installed
+    if not _stop_installed:
+        _stop_installed = True
+        signal.signal(signal.SIGTERM, lambda signum, frame: _stop.set())
+    return _stop.is_set()
 
 
 def shutdown() -> None:
@@ -221,6 +261,88 @@ def broadcast_parameters(
                 tensor.copy_(staged)
 
 
+def start_step() -> int:
+    """The step this rank's group continues from: 0 on a first start; in the parameter-server
+    algorithms, after :func:`DistributedOptimizer` joined the servers, the step they recorded for
+    the group, so a restarted group skips the steps already trained::
+
+        for step in range(td.start_step(), steps):
+            ...
+    """
+    return _native.start_step()
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Copies rank ``root_rank``'s optimizer state (momentum buffers, step counts, and the
+    numeric settings of each parameter group, such as ``lr``) into every rank's optimizer.
+
+    Call it after loading a checkpoint on the root, so every rank resumes with the same state.
+    Every rank's optimizer must be of one class over the same parameters. A rank whose state has
+    other entries than the root's (an optimizer that has stepped on some ranks only) first takes
+    the root's layout, so the call works right after a checkpoint is loaded on the root alone.
+
+    Raises:
+        NotInitializedError: before :func:`init`.
+        PeerLostError: a peer of the group died or hung.
+    """
+    state = optimizer.state_dict()
+    layout = _state_layout(state)
+    # The root's layout, as JSON bytes, so every rank knows which tensors follow.
+    encoded = torch.tensor(list(json.dumps(layout).encode()), dtype=torch.uint8)
+    length = torch.tensor([float(encoded.numel())], dtype=torch.float32)
+    _native.broadcast_(length, root_rank)
+    incoming = torch.zeros(int(length.item()), dtype=torch.uint8)
+    if _native.rank() == root_rank:
+        incoming = encoded
+    _native.broadcast_(incoming, root_rank)
+    root_layout = json.loads(bytes(incoming.tolist()).decode())
+    with torch.no_grad():
+        for group, settings in zip(state["param_groups"], root_layout["groups"], strict=False):
+            for key in settings:
+                value = torch.tensor([float(group.get(key, 0.0))], dtype=torch.float64)
+                _native.broadcast_(value, root_rank)
+                group[key] = type(group[key])(value.item()) if key in group else value.item()
+        entries = state["state"]
+        for pid, keys in root_layout["state"]:
+            entry = entries.setdefault(pid, {})
+            for key, (kind, shape, dtype) in keys:
+                if kind == "tensor":
+                    mine = entry.get(key)
+                    if not isinstance(mine, torch.Tensor) or list(mine.shape) != shape:
+                        mine = torch.zeros(shape, dtype=getattr(torch, dtype))
+                    mine = mine.contiguous()
+                    _native.broadcast_(mine, root_rank)
+                    entry[key] = mine
+                else:
+                    value = torch.tensor([float(entry.get(key, 0.0))], dtype=torch.float64)
+                    _native.broadcast_(value, root_rank)
+                    entry[key] = int(value.item()) if kind == "int" else value.item()
+        for pid in [p for p in entries if p not in {q for q, _ in root_layout["state"]}]:
+            del entries[pid]
+    optimizer.load_state_dict(state)
+
+
+def _state_layout(state: dict) -> dict:
+    """What an optimizer ``state_dict()`` holds, by name, kind, shape and dtype (JSON-able)."""
+    groups = [
+        sorted(k for k, v in g.items() if isinstance(v, int | float) and not isinstance(v, bool))
+        for g in state["param_groups"]
+    ]
+    entries = []
+    for pid in sorted(state["state"]):
+        keys = []
+        for key in sorted(state["state"][pid]):
+            value = state["state"][pid][key]
+            if isinstance(value, torch.Tensor):
+                keys.append([key, ["tensor", list(value.shape), str(value.dtype).removeprefix("torch.")]])
+            elif isinstance(value, bool | int):
+                keys.append([key, ["int", [], ""]])
+            elif isinstance(value, float):
+                keys.append([key, ["float", [], ""]])
+        entries.append([pid, keys])
+    return {"groups": groups, "state": entries}
+
+
 def report(
     step: int,
     loss: float | torch.Tensor | None = None,
@@ -265,6 +387,9 @@ class _DistributedOptimizer:
     _tandem_params: list[torch.Tensor]
     _tandem_views: list[torch.Tensor]
     _tandem_flat: torch.Tensor
+    _tandem_weights: torch.Tensor | None
+    _tandem_kind: str | None
+    _tandem_step: int
     _tandem_synchronized: bool
 
     def _tandem_attach(self, names: list[str]) -> None:
@@ -294,7 +419,25 @@ class _DistributedOptimizer:
                 offset += p.numel()
         self._tandem_flat = flat
         self._tandem_views = views
+        self._tandem_weights = None
+        self._tandem_step = 0
         self._tandem_synchronized = False
+        if self._tandem_kind is not None:
+            self._tandem_join_servers()
+
+    @torch.no_grad()
+    def _tandem_join_servers(self) -> None:
+        """Makes the parameters views of one flat weight buffer, which the parameter servers'
+        weights then fill (the group starts from them, at the step the servers recorded)."""
+        weights = torch.empty_like(self._tandem_flat)
+        offset = 0
+        for p in self._tandem_params:
+            view = weights[offset : offset + p.numel()].view_as(p)
+            view.copy_(p)
+            p.data = view
+            offset += p.numel()
+        self._tandem_step = _native.ps_start(weights)
+        self._tandem_weights = weights
 
     @torch.no_grad()
     def _tandem_gather(self) -> None:
@@ -309,27 +452,62 @@ class _DistributedOptimizer:
                 view.copy_(grad)
                 p.grad = view
 
+    def _tandem_check_weights(self) -> None:
+        weights = self._tandem_weights
+        assert weights is not None
+        offset = 0
+        for p in self._tandem_params:
+            if p.data_ptr() != weights[offset:].data_ptr():
+                raise ValueError(
+                    "tandem.torch.DistributedOptimizer.step(): a parameter no longer lives in the buffer "
+                    "the parameter servers fill (model.to(), or .data replaced, after wrapping the "
+                    "optimizer); move or replace parameters before wrapping, and load weights in place "
+                    "(load_state_dict)"
+                )
+            offset += p.numel()
+
     def synchronize(self) -> None:
         """Averages the gradients over the group now: one allreduce of the flat gradient buffer.
 
         Call it before editing the averaged gradients (clipping); the next :meth:`step` then
-        does not average again.
+        does not average again (in ``ps-sync``, ``ps-async`` and ``hybrid`` it averages the
+        already averaged gradient once more on its way to the servers, which changes nothing).
         """
         self._tandem_gather()
         _native.allreduce_(self._tandem_flat, True)
         self._tandem_synchronized = True
 
     def step(self, closure=None):
-        """Averages the gradients over the group (unless :meth:`synchronize` just did), then runs
-        the wrapped optimizer's step. A ``closure`` runs first, with gradients enabled."""
+        """Runs one step of the job's algorithm. A ``closure`` runs first, with gradients enabled.
+
+        - ``allreduce``: averages the gradients over the group (unless :meth:`synchronize` just
+          did), then runs the wrapped optimizer's step on every rank.
+        - ``ps-sync``, ``ps-async``, ``hybrid``: averages the gradients over the group, each rank
+          pushes its block of them to the parameter servers, which run ``training.optimizer``
+          and its schedule, and pulls the new weights back; the group shares them. The wrapped
+          optimizer's own update is not run.
+        - ``easgd``: averages the gradients over the group and runs the wrapped optimizer's step
+          on every rank; every ``training.easgd.tau`` steps the group's weights and the servers'
+          centre move towards each other by ``alpha`` of their difference.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if not self._tandem_synchronized:
-            self.synchronize()
+        kind = self._tandem_kind
+        if kind == "gradients":
+            self._tandem_check_weights()
+            self._tandem_gather()
+            _native.ps_push_pull(self._tandem_step, self._tandem_weights, self._tandem_flat)
+        else:
+            if not self._tandem_synchronized:
+                self.synchronize()
+            super().step()  # type: ignore[misc]
+            if kind == "elastic":
+                self._tandem_check_weights()
+                _native.ps_elastic(self._tandem_step, self._tandem_weights)
         self._tandem_synchronized = False
-        super().step()  # type: ignore[misc]
+        self._tandem_step += 1
         return loss
 
     def zero_grad(self, set_to_none: bool = False) -> None:
@@ -348,11 +526,17 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     """Wraps ``optimizer`` so that its ``step()`` trains the group together, as the job's
     ``training.algorithm`` says.
 
-    With ``allreduce``, the gradients of all parameters live in one contiguous float32 buffer
-    (each parameter's ``.grad`` is a view into it), which ``step()`` averages over the group
-    with one allreduce before the wrapped optimizer's step. Every rank then applies the same
-    update, so the weights stay equal on all ranks (start them equal with
-    :func:`broadcast_parameters`).
+    The gradients of all parameters live in one contiguous float32 buffer (each parameter's
+    ``.grad`` is a view into it), which the collectives and the parameter-server client read
+    without a copy; :meth:`step` says what each algorithm does with it. With ``allreduce``
+    every rank applies the same update, so the weights stay equal on all ranks (start them
+    equal with :func:`broadcast_parameters`).
+
+    In the parameter-server algorithms the parameters also become views of one flat weight
+    buffer, and wrapping joins the servers (collective: every rank of the group wraps its
+    optimizer): the group takes the servers' weights — the first group's initial weights, or
+    the job's current ones for a group that joins later or restarts — and continues at the step
+    the servers recorded (:func:`start_step`). Move the model (``model.to()``) before wrapping.
 
     The result is an instance of the optimizer's own class, sharing its parameter groups and
     state: learning-rate schedulers and ``state_dict()`` work unchanged. Use it instead of
@@ -365,17 +549,14 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
 
     Raises:
         NotInitializedError: before :func:`init`.
-        NotImplementedError: the job's algorithm is a parameter-server one, not built yet.
+        ParameterServerError: a parameter server refused this rank (another job's token, another
+            model's size), or the job runs in ``training.epochs`` (the servers' schedule needs
+            ``training.steps``).
+        PeerLostError: a parameter server or a peer of the group could not be reached.
         TypeError: a parameter is not float32.
         ValueError: a parameter is not on the CPU, or not among ``named_parameters``.
     """
-    chosen = _native.algorithm()
-    if chosen != "allreduce":
-        raise NotImplementedError(
-            f"this job's training.algorithm is {chosen}; tandem.torch.DistributedOptimizer runs "
-            "algorithm: allreduce only so far (the parameter-server modes are not built yet): set "
-            "training.algorithm: allreduce in the job"
-        )
+    kind = _native.ps_kind()
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("tandem.torch.DistributedOptimizer: this optimizer is already wrapped")
     params: list[torch.Tensor] = []
@@ -401,5 +582,6 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     wrapped: Any = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._tandem_params = params
+    wrapped._tandem_kind = kind
     wrapped._tandem_attach(names)
     return wrapped

@@ -118,6 +118,57 @@ class Group:
         return ranks
 
 
+def tandem_binary() -> Path:
+    """The `tandem` binary: $TANDEM_BIN, else the debug build in the cargo target folder."""
+    if os.environ.get("TANDEM_BIN"):
+        return Path(os.environ["TANDEM_BIN"])
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    return target / "debug" / "tandem"
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("TANDEM_DATA_DIR", REPO / "data"))
+
+
+@dataclass
+class Run:
+    """A finished `tandem train`: its exit code, stderr, JSON events and the ranks' logs."""
+
+    code: int
+    stderr: str
+    events: list[dict]
+    logs: dict[str, str]
+
+    def explain(self) -> str:
+        logs = "\n".join(f"--- {name}\n{text[-3000:]}" for name, text in self.logs.items())
+        return f"exit {self.code}\nstderr:\n{self.stderr[-3000:]}\nlogs:\n{logs}"
+
+    def finished(self) -> dict:
+        assert self.code == 0 and self.events and self.events[-1]["event"] == "finished", self.explain()
+        return self.events[-1]
+
+
+def tandem_train(folder: Path, manifest: str, timeout: int = 600) -> Run:
+    """Runs `tandem train --output json` on `manifest` (a file in `folder`, beside the scripts it
+    names), with `python3` resolving to this interpreter (which has torch and the tandem wheel)."""
+    binary = tandem_binary()
+    assert binary.exists(), f"{binary} is missing: `cargo build -p tandem-trainer` (make python-test does)"
+    assert (data_dir() / "fashion-mnist/train-images-idx3-ubyte.gz").exists(), "run `make data`"
+    out = folder / "out"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(
+        [binary, "train", "--output", "json", "-f", folder / manifest]
+        + ["--output-dir", out, "--data-dir", data_dir()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    logs = {p.name: p.read_text() for p in sorted((out / "logs").glob("*.log"))} if out.exists() else {}
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return Run(done.returncode, done.stderr, events, logs)
+
+
 def all_succeeded(ranks: list[Rank]) -> None:
     for r in ranks:
         assert r.code == 0, f"rank {r.rank} exited {r.code}:\n{r.output}"

@@ -200,3 +200,52 @@ def test_gradients_are_views_of_one_buffer_and_synchronize_allows_clipping(group
         assert got["averaged"] == [1.5, 1.5]
         assert got["applied"] == pytest.approx([1.0, 1.0])
         assert got["bias_grad"] == [1.0, 1.0], "the replaced gradients 0 and 2 were averaged"
+
+
+def test_broadcast_optimizer_state_gives_every_rank_the_roots_state(group_of):
+    ranks = group_of(2).run(
+        """
+        import json, os
+        import torch
+        import tandem.torch as td
+
+        td.init()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        td.broadcast_parameters(model.state_dict())
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        if td.rank() == 0:
+            # As if the root had loaded a checkpoint: three steps of state and a decayed lr;
+            # rank 1's optimizer has never stepped.
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(5, 4)).pow(2).sum().backward()
+                opt.step()
+            opt.param_groups[0]["lr"] = 0.01
+            td.broadcast_parameters(model.state_dict())
+        else:
+            td.broadcast_parameters(model.state_dict())
+        td.broadcast_optimizer_state(opt, root_rank=0)
+        state = opt.state_dict()
+        entries = {
+            str(pid): {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in e.items()}
+            for pid, e in state["state"].items()
+        }
+        # The same gradient on both ranks now moves both models the same way.
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        json.dump(
+            {"lr": state["param_groups"][0]["lr"], "state": entries,
+             "weights": [p.detach().tolist() for p in model.parameters()]},
+            open(os.environ["RESULT"], "w"),
+        )
+        """
+    )
+    all_succeeded(ranks)
+    root, other = (r.result for r in ranks)
+    assert root["lr"] == other["lr"] == 0.01
+    assert sorted(root["state"]) == sorted(other["state"]) == ["0", "1"], other["state"]
+    assert root["state"] == other["state"]
+    assert root["state"]["0"]["exp_avg"] != [[0.0] * 4] * 3
+    assert root["weights"] == other["weights"]

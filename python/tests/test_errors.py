@@ -1,5 +1,6 @@
 """Each bad call to tandem.torch raises an exception that says what to do."""
 
+import json
 import os
 import subprocess
 import sys
@@ -110,19 +111,29 @@ def test_bad_tensors_and_arguments_are_refused_before_any_communication(group_of
     all_succeeded(ranks)
 
 
-def test_a_parameter_server_job_is_refused_by_the_optimizer_saying_what_is_built(group_of):
-    ranks = group_of(1, algorithm="hybrid").run(
-        """
-        import pytest, torch
+def test_a_parameter_server_job_without_servers_or_steps_says_what_to_set(group_of):
+    script = """
+        import json, os, pytest, torch
         import tandem.torch as td
 
         td.init()
         assert td.algorithm() == "hybrid"
-        with pytest.raises(NotImplementedError, match="is hybrid.*set training.algorithm: allreduce"):
+        expected = json.loads(os.environ["EXPECTED"])
+        error = getattr(td, expected["error"])
+        with pytest.raises(error, match=expected["match"]):
             td.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1))
         """
-    )
-    all_succeeded(ranks)
+    no_servers = group_of(1, algorithm="hybrid")
+    expected = {"error": "ContractError", "match": "lists no parameter server"}
+    all_succeeded(no_servers.run(script, {"EXPECTED": json.dumps(expected)}))
+
+    in_epochs = group_of(1, algorithm="hybrid")
+    config = json.loads(in_epochs.config.read_text())
+    config["spec"]["training"] = {"algorithm": "hybrid", "epochs": 1}
+    config["parameterServers"] = [{"host": "127.0.0.1", "port": 1}]
+    in_epochs.config.write_text(json.dumps(config))
+    expected = {"error": "ParameterServerError", "match": "sets training.epochs: set training.steps"}
+    all_succeeded(in_epochs.run(script, {"EXPECTED": json.dumps(expected)}))
 
 
 def test_a_lost_peer_raises_peer_lost_and_exits_with_the_retryable_code(group_of):
