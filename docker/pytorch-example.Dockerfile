@@ -1,10 +1,14 @@
 # syntax=docker/dockerfile:1
 # The image of examples/pytorch/: its plain PyTorch DDP script, train.py, with Debian's CPU build of
 # PyTorch and the Fashion-MNIST files it reads, for the end-to-end tests (`make images` builds it as
-# tandem-pytorch-example:0.1 on the same Debian base as the trainer image).
+# tandem-pytorch-example:0.1 on the same Debian base as the trainer image). It also holds
+# python/examples/fashion_mnist.py and the `tandem` wheel (tandem.torch), which `make images` builds
+# into target/image-bin/wheels/.
 #
 # Nothing of Tandem's binary is in it: the operator runs `tandem progress` beside rank 0, and a
-# `backend: mpi` group's `tandem launcher`, from spec.image. A user's own image is any image with
+# `backend: mpi` group's `tandem launcher`, from spec.image. For tandem.torch a user's image needs
+# only `pip install tandem-*.whl`; Debian's Python here has no pip, so the wheel (pure files, no
+# dependencies) is unpacked into site-packages, which is what pip does with it. A user's own image is any image with
 # Python, PyTorch and the script, e.g.:
 #   FROM pytorch/pytorch:<tag>
 #   COPY train.py /workspace/train.py
@@ -34,7 +38,12 @@ COPY --chmod=0755 docker/tandem-sshd /usr/local/bin/tandem-sshd
 # the contract's variables and workers.env, not this image's ENV.
 COPY data/fashion-mnist/ /home/tandem/data/fashion-mnist/
 ENV TANDEM_DATA_DIR=/home/tandem/data
+COPY target/image-bin/wheels/ /tmp/wheels/
+RUN python3 -m zipfile -e /tmp/wheels/tandem-*.whl "$(python3 -c 'import site; print(site.getsitepackages()[0])')" \
+ && rm -rf /tmp/wheels \
+ && python3 -c 'import tandem.torch'
 COPY examples/pytorch/train.py /home/tandem/train.py
+COPY python/examples/fashion_mnist.py /home/tandem/fashion_mnist.py
 USER 1000:1000
 WORKDIR /home/tandem
 CMD ["python3", "train.py"]

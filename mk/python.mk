@@ -5,7 +5,8 @@
 ## python-env: the venv with maturin, pytest and ruff (made once, outside the repository).
 ## python-wheel: build the release wheel into target/wheels (what a user's image pip-installs).
 ## python-test: ruff, then a dev wheel installed into the venv, then pytest on loopback (real PyTorch).
-.PHONY: python-env python-wheel python-dev-install python-lint python-test
+## bench-torch: a PyTorch step with 4 worker processes: DDP (gloo) beside tandem.torch's allreduce, hybrid and pure PS.
+.PHONY: python-env python-wheel python-dev-install python-lint python-test bench-torch
 
 TEST_TARGETS += python-test
 prepare: python-env
@@ -37,6 +38,8 @@ python-dev-install: python-env
 
 python-lint: python-env
 	cd python && $(PY_BIN)/ruff format --check . && $(PY_BIN)/ruff check .
+	$(PY_BIN)/ruff format --check --config python/pyproject.toml bench/torch && \
+		$(PY_BIN)/ruff check --config python/pyproject.toml bench/torch
 
 # The jobs run the `tandem` binary of the test build (a no-op after `make test`'s test-build; built
 # with the same features, so nothing compiles twice).
@@ -44,3 +47,10 @@ python-test: python-lint python-dev-install data
 	$(CARGO) test -q --workspace --features $(TEST_FEATURES) --no-run
 	cd python && TANDEM_BIN=$(abspath $(PY_TARGET))/debug/tandem TANDEM_DATA_DIR=$(abspath data) \
 		$(PY_BIN)/pytest -q tests
+images: python-env
+
+# A benchmark, not a test: the release `tandem` runs the jobs (its parameter servers), the venv's
+# Python the script with the wheel just installed; see bench/README.md.
+bench-torch: python-dev-install
+	$(CARGO) build --release -p tandem-trainer --bin tandem
+	$(PY_BIN)/python3 bench/torch/run.py

@@ -690,6 +690,60 @@ async fn a_users_pytorch_script_trains_through_the_operator_and_a_deleted_pod_re
     ns.cleanup().await.unwrap();
 }
 
+/// Issue 39: a PyTorch script on tandem.torch (python/examples/fashion_mnist.py and the `tandem`
+/// wheel, in the example's image from `make images`) through the operator with MXNET-MPI's hybrid:
+/// two PS shards (the trainer image's `tandem ps`) and two groups of two pods running the script.
+/// Both groups train one model through the servers to the example's accuracy, and the job's
+/// status shows the script's progress.
+#[tokio::test]
+async fn a_tandem_torch_script_trains_the_hybrid_through_the_operator() {
+    let steps = 300;
+    let mut manifest = example("../python/examples/job-hybrid.yaml", "torch-hybrid", steps);
+    manifest["spec"]["workers"]["image"] = "tandem-pytorch-example:0.1".into();
+    manifest["spec"]["workers"]["env"] = json!([{"name": "OMP_NUM_THREADS", "value": "1"}]);
+    let (_cluster, ns) = start("torch-hybrid", manifest).await;
+    // The operator made the two PS shards beside the script's pods (it removes them once the job
+    // succeeds).
+    wait_for("the job's two PS pods", JOB_DEADLINE, || async {
+        let ps = pods(&ns, "torch-hybrid").await.iter().filter(|p| role_of(p) == "ps").count();
+        (ps == 2).then_some(())
+    })
+    .await;
+    let jobs = training_jobs(&ns);
+    let seen = wait_for("status.progress from the script's progress lines", JOB_DEADLINE, || async {
+        let tj = jobs.get("torch-hybrid").await.ok()?;
+        let step = tj.data.pointer("/status/progress/step")?.as_u64()?;
+        (step > 0).then_some(step)
+    })
+    .await;
+    eprintln!("status.progress.step {seen}");
+    let status = wait_succeeded(&ns, "torch-hybrid").await;
+    assert_eq!(status.pointer("/progress/step").and_then(Value::as_u64), Some(steps), "{status:#}");
+    let accuracy = status.pointer("/progress/accuracy").and_then(Value::as_f64);
+    assert!(accuracy.is_some_and(|a| a >= 0.75), "status.progress.accuracy from the script: {status:#}");
+    for group in 0..2 {
+        let mut out = Vec::new();
+        let logs = kubectl_tandem::Command::Logs {
+            name: "torch-hybrid".to_owned(),
+            group: Some(group),
+            rank: Some(0),
+            follow: false,
+            tail: None,
+        };
+        kubectl_tandem::run(logs, ns.client(), ns.name(), &mut out, &mut std::io::sink()).await.unwrap();
+        let log = String::from_utf8(out).unwrap();
+        let accuracy = log
+            .lines()
+            .find_map(|l| {
+                l.split_once("rank 0: test accuracy ")?.1.split_whitespace().next()?.parse::<f64>().ok()
+            })
+            .unwrap_or_else(|| panic!("kubectl tandem logs shows no test accuracy of group {group}:\n{log}"));
+        assert!(accuracy >= 0.75, "group {group} finished at accuracy {accuracy}:\n{log}");
+        assert!(log.contains("after 300 steps (hybrid)"), "{log}");
+    }
+    ns.cleanup().await.unwrap();
+}
+
 /// Issue 38: a `backend: mpi` group runs the user's script from the user's image (OpenMPI and sshd
 /// by the documented recipe): the launcher's mpirun starts it on the worker pods over ssh with the
 /// contract's variables, the group trains to accuracy, and its progress reaches the job's status

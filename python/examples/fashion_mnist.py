@@ -79,7 +79,7 @@ def main():
             td.report(step, loss=sum(losses) / len(losses), accuracy=accuracy, samples=step * batch * size)
             losses = []
     if rank == 0 and accuracy is not None:
-        print(f"rank 0: test accuracy {accuracy:.4f} after {steps} steps", flush=True)
+        print(f"rank 0: test accuracy {accuracy:.4f} after {steps} steps ({td.algorithm()})", flush=True)
 
 
 if __name__ == "__main__":

@@ -148,9 +148,9 @@ class Run:
         return self.events[-1]
 
 
-def tandem_train(folder: Path, manifest: str, timeout: int = 600) -> Run:
+def tandem_train(folder: Path, manifest: str, *args: str, timeout: int = 600) -> Run:
     """Runs `tandem train --output json` on `manifest` (a file in `folder`, beside the scripts it
-    names), with `python3` resolving to this interpreter (which has torch and the tandem wheel)."""
+    names) with `args`, `python3` resolving to this interpreter (which has torch and the wheel)."""
     binary = tandem_binary()
     assert binary.exists(), f"{binary} is missing: `cargo build -p tandem-trainer` (make python-test does)"
     assert (data_dir() / "fashion-mnist/train-images-idx3-ubyte.gz").exists(), "run `make data`"
@@ -158,7 +158,7 @@ def tandem_train(folder: Path, manifest: str, timeout: int = 600) -> Run:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     done = subprocess.run(
         [binary, "train", "--output", "json", "-f", folder / manifest]
-        + ["--output-dir", out, "--data-dir", data_dir()],
+        + ["--output-dir", out, "--data-dir", data_dir(), *args],
         env=env,
         capture_output=True,
         text=True,

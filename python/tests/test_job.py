@@ -144,6 +144,21 @@ def test_a_killed_rank_restarts_its_group_which_resumes_from_the_servers(tmp_pat
     assert "worker-1-0.1.log" in run.logs, sorted(run.logs)
 
 
+def test_a_killed_parameter_server_resumes_from_its_checkpoint_and_the_groups_go_on(tmp_path):
+    example(tmp_path)
+    ps_job(tmp_path, "hybrid")
+    run = tandem_train(tmp_path, "job.yaml", "--chaos", "kill:ps:0@100")
+    finished = run.finished()
+    restarts = [e for e in run.events if e["event"] == "restart"]
+    assert [(r["role"], r.get("index")) for r in restarts if r["role"] == "ps"] == [("ps", 0)], restarts
+    assert "resumed from checkpoint" in run.logs["ps-0.1.log"], run.explain()
+    assert "ps-1.1.log" not in run.logs, "PS 1 kept running"
+    assert finished["test_accuracy"] >= ACCURACY, (finished, run.explain())
+    for group in (0, 1):
+        steps = group_steps(run, group)
+        assert steps[-1] == 200, (group, steps)
+
+
 WRONG_TOKEN = """\
 import os
 import fashion_mnist

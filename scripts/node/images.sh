@@ -57,6 +57,16 @@ if [ "${TANDEM_IMAGES_SKIP_CARGO:-0}" != 1 ]; then
     mv "target/image-bin/$bin.part" "target/image-bin/$bin"
   done
   log "binaries built in $((SECONDS - t)) s"
+  # The tandem wheel (python/) for the PyTorch example's image, by the venv's maturin (`make
+  # python-env`): the release profile, or under `make test` the dev profile, whose dependencies the
+  # test build compiled already.
+  t=$SECONDS
+  maturin="${TANDEM_CACHE:-$HOME/.cache/tandem}/python-venv/bin/maturin"
+  [ -x "$maturin" ] || { echo "images.sh: $maturin is missing: run make python-env" >&2; exit 1; }
+  rm -rf target/image-bin/wheels
+  if [ "$PROFILE" = release ]; then wheel_profile=--release; else wheel_profile=; fi
+  (cd python && "$maturin" build --quiet $wheel_profile --out ../target/image-bin/wheels) >&2
+  log "wheel built in $((SECONDS - t)) s"
 fi
 
 # buildah: chroot isolation and the host network for RUN (apt-get), so no CNI network or bridge is
