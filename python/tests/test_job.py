@@ -92,13 +92,15 @@ def test_every_ps_algorithm_trains_the_example_to_accuracy(tmp_path, algorithm):
     for group in (0, 1):
         steps = group_steps(run, group)
         assert steps and steps[-1] == 200 and steps == sorted(set(steps)), (group, steps)
-    # Both groups trained one model through the servers: their last evaluations agree closely
-    # (each evaluates the weights it pulled last; in sync mode they are the same).
-    last = [
-        [e["accuracy"] for e in run.events if e["event"] == "progress" and e["group"] == g and e["accuracy"]]
-        for g in (0, 1)
-    ]
-    assert abs(last[0][-1] - last[1][-1]) < 0.1, last
+    # Both groups trained through the servers to the end, each evaluating the weights it holds
+    # last (in sync mode the same; in the others within the staleness or the elastic pull).
+    for group in (0, 1):
+        accuracies = [
+            e["accuracy"]
+            for e in run.events
+            if e["event"] == "progress" and e["group"] == group and e["accuracy"]
+        ]
+        assert accuracies and accuracies[-1] >= ACCURACY - 0.05, (group, accuracies)
 
 
 KILL_ONCE = """\
@@ -132,13 +134,14 @@ def test_a_killed_rank_restarts_its_group_which_resumes_from_the_servers(tmp_pat
     assert finished["restarts"] == 1, finished
     assert finished["test_accuracy"] >= ACCURACY, (finished, run.explain())
     # Group 1 reported up to 110, died at 120, and its second attempt went on from the servers'
-    # record of its steps, not from 0 (in sync mode group 0 trained on alone meanwhile, and the
-    # servers' clock may already be at the end): its reports never start over.
+    # record of its steps, not from 0: its reports never start over. In sync mode that record is
+    # the servers' clock, which counts rounds: group 0 trained on alone meanwhile, and a group
+    # that joined a few rounds after the other ends beyond 200, so the clock may be past the end.
     steps = group_steps(run, 1)
     assert 110 in steps, steps
     assert min(steps[steps.index(110) + 1 :], default=200) >= 110, steps
     resumed = re.search(r"group 1 continues at step (\d+)", run.logs["worker-1-0.1.log"])
-    assert resumed and 110 <= int(resumed[1]) <= 200, run.explain()
+    assert resumed and int(resumed[1]) >= 110, run.explain()
     # Its rank 0 saw the peer lost and exited with the retryable code, not 1.
     assert "PeerLostError" in run.logs["worker-1-0.0.log"], run.explain()
     assert "worker-1-0.1.log" in run.logs, sorted(run.logs)
