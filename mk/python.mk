@@ -18,7 +18,7 @@ PY_BIN := $(PY_ENV)/bin
 PY_TOOLS := maturin==1.16.0 pytest==9.2.0 ruff==0.17.6
 PY_TARGET := $(abspath $(or $(CARGO_TARGET_DIR),target))
 
-python-env: $(PY_ENV)/.tools
+python-env: deps $(PY_ENV)/.tools
 
 $(PY_ENV)/.tools: mk/python.mk
 	/usr/bin/python3 -c "import torch, numpy" || { echo "Debian's python3-torch is missing: run scripts/install-deps.sh" >&2; exit 1; }

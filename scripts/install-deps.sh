@@ -12,6 +12,8 @@ python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # examples/pytorch/ and its tests: Debian's CPU build of PyTorch (small; the tests run it with
 # /usr/bin/python3, which sees Debian's packages).
 /usr/bin/python3 -c "import torch, numpy" >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
+# The tandem package's venv (mk/python.mk: maturin, pytest, ruff) is made by `python3 -m venv`.
+/usr/bin/python3 -c "import ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 # The test control plane (scripts/controlplane): certificates and readiness probes.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
