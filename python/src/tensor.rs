@@ -69,9 +69,42 @@ fn region(tensor: &Bound<'_, PyAny>, call: &str, float32: bool) -> PyResult<Regi
     Ok(Region { addr, bytes })
 }
 
-/// The region as `f32` words, for `with` to work on in place; `None` when it is not whole,
-/// aligned words (only a broadcast of another dtype meets that: a `float32` tensor's elements are
-/// aligned words).
+/// The memory of a checked `float32` tensor: aligned whole `f32` words, which [`floats`] checked.
+#[derive(Clone, Copy, Debug)]
+struct Floats(Region);
+
+/// The memory of `tensor` after the checks of the module docs, as `float32` words.
+fn floats(tensor: &Bound<'_, PyAny>, call: &str) -> PyResult<Floats> {
+    let region = region(tensor, call, true)?;
+    if !region.addr.is_multiple_of(std::mem::align_of::<f32>()) {
+        return Err(PyValueError::new_err(format!(
+            "tandem.torch.{call}(): the float32 tensor's memory is not aligned to its elements; pass tensor.clone()"
+        )));
+    }
+    Ok(Floats(region))
+}
+
+impl Floats {
+    /// The words, for the length of a call.
+    ///
+    /// # Safety
+    ///
+    /// The memory is of a live tensor that nothing else reads or writes while the slice is used,
+    /// and no other slice of it is alive.
+    unsafe fn slice<'a>(self) -> &'a mut [f32] {
+        let Region { addr, bytes } = self.0;
+        if bytes == 0 {
+            return &mut [];
+        }
+        // SAFETY: the caller guarantees the memory is live and not aliased; the address is non-null
+        // (a non-empty tensor's) and aligned for f32 ([`floats`]); a float32 tensor's bytes are
+        // whole words; every bit pattern is a valid f32.
+        unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, bytes / std::mem::size_of::<f32>()) }
+    }
+}
+
+/// The region as `f32` words, for a broadcast's `with` to work on in place; `None` when it is not
+/// whole, aligned words (a tensor of another dtype).
 ///
 /// # Safety
 ///
@@ -93,14 +126,10 @@ unsafe fn in_place<T>(region: Region, with: impl FnOnce(&mut [f32]) -> T) -> Opt
 
 /// `allreduce_`: average (or sum) over the group, in place.
 pub fn allreduce(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> PyResult<()> {
-    let region = region(tensor, "allreduce_", true)?;
+    let words = floats(tensor, "allreduce_")?;
     let op = if average { ReduceOp::Average } else { ReduceOp::Sum };
-    session::with_comm(py, "allreduce_", move |comm| {
-        // SAFETY: `region` is the checked memory of `tensor`, which the caller holds for this call.
-        let done = unsafe { in_place(region, |words| comm.allreduce(words, op)) };
-        // A float32 tensor's memory is aligned whole words, so `in_place` always runs.
-        done.unwrap_or_else(|| Err(tandem_comm::CommError::Invalid("a float32 tensor is not aligned".into())))
-    })
+    // SAFETY: `words` is the checked memory of `tensor`, which the caller holds for this call.
+    session::with_comm(py, "allreduce_", move |comm| comm.allreduce(unsafe { words.slice() }, op))
 }
 
 /// `broadcast_`: rank `root`'s tensor into every rank's, in place, for any dtype.
@@ -146,19 +175,8 @@ fn bytemuck_bytes(words: &mut [f32]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
 }
 
-/// The words of a checked `float32` region, for `with`.
-///
-/// # Safety
-///
-/// As [`in_place`].
-unsafe fn words<T>(region: Region, with: impl FnOnce(&mut [f32]) -> T) -> PyResult<T> {
-    // SAFETY: forwarded from the caller.
-    unsafe { in_place(region, with) }
-        .ok_or_else(|| PyValueError::new_err("a float32 tensor's memory is not aligned to its elements"))
-}
-
 /// Refuses two regions that share memory: the weights and the gradients are written at once.
-fn apart(call: &str, a: Region, b: Region) -> PyResult<()> {
+fn apart(call: &str, Floats(a): Floats, Floats(b): Floats) -> PyResult<()> {
     if a.addr < b.addr + b.bytes && b.addr < a.addr + a.bytes {
         return Err(PyValueError::new_err(format!(
             "tandem.torch.{call}: the parameter and gradient buffers overlap; pass two separate tensors"
@@ -170,10 +188,9 @@ fn apart(call: &str, a: Region, b: Region) -> PyResult<()> {
 /// Joins the parameter servers with `params` (the flat float32 weights) as the initial weights;
 /// `params` then holds the servers'. Returns the step the group continues from.
 pub fn ps_start(py: Python<'_>, params: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let region = region(params, "DistributedOptimizer", true)?;
-    // SAFETY: `region` is the checked memory of `params`, which the caller holds for this call.
-    let start = unsafe { words(region, |p| session::ps_start(py, p)) }??;
-    Ok(start)
+    let words = floats(params, "DistributedOptimizer")?;
+    // SAFETY: `words` is the checked memory of `params`, which the caller holds for this call.
+    session::ps_start(py, unsafe { words.slice() })
 }
 
 /// One step of a gradient mode: the group's averaged `grads` pushed for step `step`, the new
@@ -185,35 +202,25 @@ pub fn ps_push_pull(
     grads: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     const CALL: &str = "DistributedOptimizer.step()";
-    let (p, g) = (region(params, CALL, true)?, region(grads, CALL, true)?);
+    let (p, g) = (floats(params, CALL)?, floats(grads, CALL)?);
     apart(CALL, p, g)?;
-    if p.bytes != g.bytes {
+    if p.0.bytes != g.0.bytes {
         return Err(PyValueError::new_err(format!(
             "tandem.torch.{CALL}: {} weights but {} gradients",
-            p.bytes / 4,
-            g.bytes / 4
+            p.0.bytes / 4,
+            g.0.bytes / 4
         )));
     }
-    session::with_ps(py, CALL, move |x| {
-        // SAFETY: `p` and `g` are the checked, disjoint memories of `params` and `grads`, which the
-        // caller holds for this call; float32 memory is aligned, so both run.
-        let done = unsafe { in_place(p, |p| in_place(g, |g| x.push_pull(step, p, g))) };
-        done.flatten().unwrap_or_else(|| {
-            Err(tandem_ps::group::ExchangeError::Config("a float32 tensor is not aligned".into()))
-        })
-    })
+    // SAFETY: `p` and `g` are the checked, disjoint memories of `params` and `grads`, which the
+    // caller holds for this call.
+    session::with_ps(py, CALL, move |x| x.push_pull(step, unsafe { p.slice() }, unsafe { g.slice() }))
 }
 
 /// The elastic exchange after step `step` when it is due: `params` moved towards the centre.
 /// Returns whether it exchanged.
 pub fn ps_elastic(py: Python<'_>, step: u64, params: &Bound<'_, PyAny>) -> PyResult<bool> {
     const CALL: &str = "DistributedOptimizer.step()";
-    let p = region(params, CALL, true)?;
-    session::with_ps(py, CALL, move |x| {
-        // SAFETY: `p` is the checked memory of `params`, which the caller holds for this call.
-        let done = unsafe { in_place(p, |p| x.elastic(step, p)) };
-        done.unwrap_or_else(|| {
-            Err(tandem_ps::group::ExchangeError::Config("a float32 tensor is not aligned".into()))
-        })
-    })
+    let p = floats(params, CALL)?;
+    // SAFETY: `p` is the checked memory of `params`, which the caller holds for this call.
+    session::with_ps(py, CALL, move |x| x.elastic(step, unsafe { p.slice() }))
 }
