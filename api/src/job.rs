@@ -1250,6 +1250,7 @@ pub enum CleanPodPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.queue) || (has(self.gang) && self.gang)").message("runPolicy.scheduling.queue is a gang-scheduler queue: set gang to true"))]
+#[x_kube(validation = Rule::new("!has(self.queue) || !has(self.podGroupFlavor) || self.podGroupFlavor == 'volcano'").message("runPolicy.scheduling.queue is a Volcano queue and scheduler-plugins has none: remove it (for quota, label the job kueue.x-k8s.io/queue-name)"))]
 pub struct SchedulingPolicy {
     /// Create a PodGroup so that all pods of the job are scheduled together or not at all.
     #[serde(default)]

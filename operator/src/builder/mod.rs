@@ -198,24 +198,30 @@ pub fn pod_group_resource(flavor: PodGroupFlavor) -> ApiResource {
     ApiResource::from_gvk_with_plural(&gvk, "podgroups")
 }
 
-/// Pods the gang must place together: every PS and worker. Launchers are left out: they start
-/// only after their workers are ready, so counting them would deadlock the gang.
+/// Pods the gang must place together: every PS, and the workers of `workers.minGroups` groups (an
+/// elastic job runs with fewer groups than it asks for, never with fewer than that; the rest are
+/// placed as they fit). Launchers are left out: they start only after their workers are ready, so
+/// counting them would deadlock the gang.
 pub fn gang_size(job: &ValidatedJob<'_>) -> u32 {
     let spec = job.spec;
-    spec.processes()
+    let workers = spec.workers.min_groups.saturating_mul(spec.workers.group_size);
+    spec.parameter_servers.replicas.saturating_add(workers)
 }
 
-/// The PodGroup of a gang-scheduled job.
+/// The PodGroup of a gang-scheduled job, in its flavour's schema: Volcano's carries the queue and
+/// the priority class; scheduler-plugins' has neither field (its pods carry the priority class).
 pub fn pod_group(job: &ValidatedJob<'_>) -> DynamicObject {
     let scheduling = &job.spec.run_policy.scheduling;
     let resource = pod_group_resource(scheduling.pod_group_flavor);
     let mut spec = serde_json::Map::new();
     spec.insert("minMember".to_owned(), gang_size(job).into());
-    if let Some(queue) = &scheduling.queue {
-        spec.insert("queue".to_owned(), queue.clone().into());
-    }
-    if let Some(priority) = &scheduling.priority_class_name {
-        spec.insert("priorityClassName".to_owned(), priority.clone().into());
+    if scheduling.pod_group_flavor == PodGroupFlavor::Volcano {
+        if let Some(queue) = &scheduling.queue {
+            spec.insert("queue".to_owned(), queue.clone().into());
+        }
+        if let Some(priority) = &scheduling.priority_class_name {
+            spec.insert("priorityClassName".to_owned(), priority.clone().into());
+        }
     }
     let mut object = DynamicObject::new(&names::pod_group(job.name), &resource);
     object.metadata = meta(job, names::pod_group(job.name), "job");

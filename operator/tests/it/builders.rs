@@ -445,7 +445,7 @@ fn gang_scheduling_builds_a_volcano_pod_group_without_launchers() {
     let job = fixture("mpi.yaml");
     let pg = builder::pod_group(&valid(&job));
     assert_eq!(pg.types.as_ref().unwrap().api_version, "scheduling.volcano.sh/v1beta1");
-    assert_eq!(pg.data["spec"]["minMember"], 7, "1 PS + 2 groups x 3 ranks, launchers excluded");
+    assert_eq!(pg.data["spec"]["minMember"], 4, "1 PS + minGroups 1 x 3 ranks, launchers excluded");
     assert_eq!(pg.data["spec"]["queue"], "research");
     assert_eq!(pg.data["spec"]["priorityClassName"], "high");
     let worker = builder::pod(&valid(&job), Role::Worker { group: 0, rank: 0 }, 0);
@@ -485,6 +485,11 @@ fn user_template_is_kept_under_the_operator_settings() {
     let pg = builder::pod_group(&valid(&job));
     assert_eq!(pg.types.as_ref().unwrap().api_version, "scheduling.x-k8s.io/v1alpha1");
     assert_eq!(pg.data["spec"]["minMember"], 2);
+    // scheduler-plugins' PodGroup has no queue or priority class (its CRD would refuse them).
+    let mut queued = job.clone();
+    queued.spec.run_policy.scheduling.priority_class_name = Some("high".to_owned());
+    let pg = builder::pod_group(&valid(&queued));
+    assert_eq!(pg.data["spec"].as_object().unwrap().keys().collect::<Vec<_>>(), ["minMember"]);
 }
 
 #[test]
