@@ -67,7 +67,9 @@ kubectl delete -f deploy/operator.yaml --wait=true --timeout=120s >/dev/null
 stage "kubectl apply install"
 
 # The README's Helm install, with the image `make images` built (the chart's default name and tag).
-helm install tandem charts/tandem --namespace tandem-system --create-namespace --wait --timeout 180s >/dev/null
+# With Kueue on (node-up.sh runs Kueue's manager), as a cluster that queues its jobs would install it.
+helm install tandem charts/tandem --namespace tandem-system --create-namespace --set kueue.enabled=true \
+  --wait --timeout 180s >/dev/null
 kubectl -n tandem-system rollout status deployment/tandem-operator --timeout=120s >&2
 stage "helm install"
 

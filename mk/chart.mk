@@ -16,7 +16,8 @@ CHART_ALT_VALUES = --set replicaCount=2 --set podDisruptionBudget.enabled=true \
   --set metrics.serviceMonitor.enabled=true --set watchNamespace=ml --set logFormat=text \
   --set image.tag=dev --set nodeSelector.pool=system --set tolerations[0].key=dedicated \
   --set tolerations[0].operator=Exists --set serviceAccount.name=custom \
-  --set networkPolicy.enabled=true --set metrics.podMonitor.enabled=true --set metrics.dashboard.enabled=true
+  --set networkPolicy.enabled=true --set metrics.podMonitor.enabled=true --set metrics.dashboard.enabled=true \
+  --set kueue.enabled=true
 
 chart-lint: cluster-bins
 	@set -euo pipefail; \

@@ -1143,3 +1143,288 @@ async fn a_stock_prometheus_scrapes_every_role_and_every_dashboard_panel_finds_d
     }
     ns.cleanup().await.unwrap();
 }
+
+/// The job's scheduler-plugins PodGroup (`scheduling.x-k8s.io/v1alpha1`, the real CRD).
+async fn pod_group(ns: &TestNamespace, job: &str) -> Option<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
+        "podgroups",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ns.client(), ns.name(), &resource);
+    api.get_opt(job).await.unwrap()
+}
+
+/// Issue 41, gang scheduling by a real scheduler: scheduler-plugins' kube-scheduler with the
+/// coscheduling plugin (node-up.sh runs it as `scheduler-plugins-scheduler`) places no pod of a
+/// gang that cannot fit as a whole (one worker asks for more CPU than the node has): every pod stays
+/// Pending and the job's `Scheduled=False` carries the scheduler's reason. A gang that fits is
+/// placed by that scheduler and trains; `minMember` counts the PS and `minGroups` groups.
+#[tokio::test]
+async fn a_gang_too_big_for_the_node_places_no_pod_and_says_why_and_one_that_fits_trains() {
+    let gang = json!({"gang": true, "podGroupFlavor": "scheduler-plugins"});
+    let mut big = example("mnist-hybrid.yaml", "gang-big", 200);
+    big["spec"]["runPolicy"]["scheduling"] = gang.clone();
+    big["spec"]["workers"]["resources"] = json!({"requests": {"cpu": "64"}});
+    let (cluster, ns) = start("gang", big).await;
+    let pg = wait_for("the PodGroup", JOB_DEADLINE, || pod_group(&ns, "gang-big")).await;
+    assert_eq!(pg.data["spec"]["minMember"], 4, "2 PS + minGroups 1 x groupSize 2: {:?}", pg.data);
+    let jobs = training_jobs(&ns);
+    let scheduled = wait_for("Scheduled=False with the scheduler's reason", JOB_DEADLINE, || async {
+        let tj = jobs.get("gang-big").await.ok()?;
+        let conditions = tj.data.pointer("/status/conditions")?.as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "Scheduled" && c["status"] == "False")
+    })
+    .await;
+    let message = scheduled["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Insufficient cpu"), "the reason is not the scheduler's: {scheduled}");
+    // Past the coscheduling permit timeout (10 s): still nothing placed, nothing running.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let all = pods(&ns, "gang-big").await;
+    assert!(all.len() >= 6, "the job's pods exist: {}", all.len());
+    for p in &all {
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
+        assert!(spec.node_name.is_none(), "{} was placed although its gang cannot fit", p.name_any());
+    }
+    jobs.delete("gang-big", &Default::default()).await.unwrap();
+
+    let mut fits = example("mnist-hybrid.yaml", "gang-fits", 200);
+    fits["spec"]["runPolicy"]["scheduling"] = gang;
+    cluster.apply(ns.name(), &fits).await.unwrap();
+    wait_succeeded(&ns, "gang-fits").await;
+    let pg = pod_group(&ns, "gang-fits").await;
+    assert!(pg.is_none(), "a finished job's PodGroup is removed: {pg:?}");
+    ns.cleanup().await.unwrap();
+}
+
+/// A Kueue API of the node's Kueue (`kueue.x-k8s.io/v1beta2`).
+fn kueue_api(
+    cluster: &TestCluster,
+    ns: Option<&str>,
+    kind: &str,
+    plural: &str,
+) -> Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind),
+        plural,
+    );
+    match ns {
+        Some(ns) => Api::namespaced_with(cluster.client(), ns, &resource),
+        None => Api::all_with(cluster.client(), &resource),
+    }
+}
+
+/// Creates (server-side apply) a Kueue object from `manifest` (cluster-scoped unless `ns`).
+async fn kueue_apply(cluster: &TestCluster, ns: Option<&str>, manifest: Value) {
+    let kind = manifest["kind"].as_str().unwrap().to_owned();
+    let plural = format!("{}s", kind.to_lowercase()).replace("classs", "classes");
+    let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();
+    let api = kueue_api(cluster, ns, &kind, &plural);
+    api.patch(&name, &PatchParams::apply("tandem-e2e").force(), &Patch::Apply(&manifest)).await.unwrap();
+}
+
+/// A ClusterQueue `name` with `cpu` of quota in flavour `name` (whose node label and toleration
+/// every admitted pod must carry), and LocalQueue `queue` in `ns` pointing at it.
+async fn kueue_queue(cluster: &TestCluster, ns: &str, name: &str, cpu: &str, preempt: bool) {
+    kueue_apply(cluster, None, json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": name},
+        "spec": {"nodeLabels": {"kubernetes.io/hostname": "tandem-node"},
+                 "tolerations": [{"key": "tandem.dev/queue", "operator": "Equal", "value": name, "effect": "NoSchedule"}]},
+    }))
+    .await;
+    let preemption = if preempt { "LowerPriority" } else { "Never" };
+    kueue_apply(cluster, None, json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
+        "spec": {"namespaceSelector": {}, "preemption": {"withinClusterQueue": preemption},
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": name, "resources": [
+                     {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": "8Gi"}]}]}]},
+    }))
+    .await;
+    kueue_apply(
+        cluster,
+        Some(ns),
+        json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "queue"},
+            "spec": {"clusterQueue": name},
+        }),
+    )
+    .await;
+}
+
+/// Deletes the cluster-scoped Kueue objects of [`kueue_queue`] (the namespace's go with it).
+async fn kueue_drop(cluster: &TestCluster, name: &str) {
+    for (kind, plural) in [("ClusterQueue", "clusterqueues"), ("ResourceFlavor", "resourceflavors")] {
+        let _ = kueue_api(cluster, None, kind, plural).delete(name, &Default::default()).await;
+    }
+}
+
+/// `job` labelled for the LocalQueue `queue`, each pod asking for `cpu`.
+fn queued(mut job: Value, cpu: &str) -> Value {
+    job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "queue"});
+    let resources = json!({"requests": {"cpu": cpu, "memory": "64Mi"}});
+    job["spec"]["workers"]["resources"] = resources.clone();
+    if job["spec"]["parameterServers"].is_object() {
+        job["spec"]["parameterServers"]["resources"] = resources;
+    }
+    job
+}
+
+/// The job's condition `type_`, once its status has it with `status`.
+async fn condition_of(ns: &TestNamespace, job: &str, type_: &str, status: &str) -> Option<Value> {
+    let tj = training_jobs(ns).get(job).await.ok()?;
+    let conditions = tj.data.pointer("/status/conditions")?.as_array()?.clone();
+    conditions.into_iter().find(|c| c["type"] == type_ && c["status"] == status)
+}
+
+/// The ClusterQueue's `status.reservingWorkloads`.
+async fn reserving(cluster: &TestCluster, name: &str) -> Option<u64> {
+    let cq = kueue_api(cluster, None, "ClusterQueue", "clusterqueues").get(name).await.ok()?;
+    Some(cq.data.pointer("/status/reservingWorkloads").and_then(Value::as_u64).unwrap_or(0))
+}
+
+/// Issue 41, Kueue admission on the real node: two jobs and quota for one. The second waits as a
+/// whole — suspended, no pod, Kueue's reason in its status — and runs once the first succeeds and
+/// its Workload's quota is released; every admitted pod carries the flavour's node selector and
+/// toleration; the second one's quota is released when it fails.
+#[tokio::test]
+async fn kueue_admits_a_second_job_when_the_first_releases_its_quota_after_success_and_failure() {
+    let cluster = TestCluster::connect().await.unwrap();
+    let ns = cluster.namespace("node-kueue").await.unwrap();
+    let queue = format!("e2e-{}", ns.name());
+    kueue_queue(&cluster, ns.name(), &queue, "1", false).await;
+    // 2 PS + 2 groups of 2 at 100m: 600m; two such jobs do not fit in 1 CPU.
+    cluster.apply(ns.name(), &queued(example("mnist-hybrid.yaml", "first", 300), "100m")).await.unwrap();
+    let ps = wait_for("the first job's pods", JOB_DEADLINE, || pod(&ns, "first-ps-0")).await;
+    let spec = ps.spec.as_ref().unwrap();
+    assert_eq!(spec.node_selector.as_ref().unwrap()["kubernetes.io/hostname"], "tandem-node", "{spec:?}");
+    let tolerations = spec.tolerations.as_ref().unwrap();
+    assert!(tolerations.iter().any(|t| t.key.as_deref() == Some("tandem.dev/queue")), "{tolerations:?}");
+
+    // 6 groups of one rank at 100m: 600m. (Ranks of one group would wait for the failed rank 0
+    // until the pod's grace period ends.)
+    let mut second = queued(example("pytorch/job.yaml", "second", 100), "100m");
+    second["spec"]["workers"]["groups"] = 6.into();
+    second["spec"]["workers"]["groupSize"] = 1.into();
+    second["spec"]["workers"]["command"] =
+        json!(["python3", "-c", "import sys; print('cannot read my config', file=sys.stderr); sys.exit(1)"]);
+    cluster.apply(ns.name(), &second).await.unwrap();
+    let waiting = wait_for("the second job to wait for quota", JOB_DEADLINE, || async {
+        let c = condition_of(&ns, "second", "Suspended", "True").await?;
+        c["message"].as_str()?.contains("quota for cpu").then_some(c)
+    })
+    .await;
+    assert_eq!(waiting["reason"], "QueuedByKueue", "{waiting}");
+    let jobs = training_jobs(&ns);
+    for _ in 0..10 {
+        assert!(pods(&ns, "second").await.is_empty(), "a queued job has pods");
+        let first = jobs.get("first").await.unwrap();
+        if first.data.pointer("/status/phase").and_then(Value::as_str) == Some("Succeeded") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    wait_succeeded(&ns, "first").await;
+    let admitted = wait_for("the second job to be admitted", JOB_DEADLINE, || async {
+        condition_of(&ns, "second", "Suspended", "False").await
+    })
+    .await;
+    assert_eq!(admitted["reason"], "Admitted", "{admitted}");
+    let status = wait_for("the second job to fail", JOB_DEADLINE, || async {
+        let status = jobs.get("second").await.ok()?.data.get("status").cloned()?;
+        matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")).then_some(status)
+    })
+    .await;
+    assert_eq!(status["phase"], "Failed", "{status:#}");
+    wait_for("the ClusterQueue to hold no reservation", JOB_DEADLINE, || async {
+        (reserving(&cluster, &queue).await? == 0).then_some(())
+    })
+    .await;
+    let workloads = kueue_api(&cluster, Some(ns.name()), "Workload", "workloads");
+    for job in ["first", "second"] {
+        let w = workloads.get(&format!("trainingjob-{job}")).await.unwrap();
+        let conditions = w.data.pointer("/status/conditions").cloned().unwrap_or_default();
+        let finished = conditions
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Finished" && c["status"] == "True");
+        assert!(finished, "workload of {job} not Finished: {conditions}");
+    }
+    ns.cleanup().await.unwrap();
+    kueue_drop(&cluster, &queue).await;
+}
+
+/// Issue 41, Kueue preemption on the real node: a higher-priority job (WorkloadPriorityClass)
+/// preempts a running one — its pods get SIGTERM and checkpoint to the bucket, it waits
+/// suspended with Kueue's reason — and once the preemptor finishes the preempted job is admitted
+/// again and resumes from that checkpoint.
+#[tokio::test]
+async fn a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_checkpoint() {
+    let cluster = TestCluster::connect().await.unwrap();
+    let ns = cluster.namespace("node-kueue-preempt").await.unwrap();
+    let queue = format!("e2e-{}", ns.name());
+    kueue_queue(&cluster, ns.name(), &queue, "1", true).await;
+    for (name, value) in [("e2e-low", 100), ("e2e-high", 1000)] {
+        kueue_apply(
+            &cluster,
+            None,
+            json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name}, "value": value,
+            }),
+        )
+        .await;
+    }
+    let bucket = "tandem-kueue";
+    let minio = NodeMinio::start(bucket);
+    let mut low = queued(example("mnist-allreduce.yaml", "low", 200_000), "300m");
+    low["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "e2e-low".into();
+    low["spec"]["workers"]["groupSize"] = 2.into();
+    low["spec"]["training"]["checkpoint"] =
+        json!({"everySteps": 100, "url": format!("s3://{bucket}/runs"), "s3": {"endpoint": minio.endpoint}});
+    low["spec"]["workers"]["template"] = json!({"spec": {"containers": [{"name": "tandem", "env": [
+        {"name": "AWS_ACCESS_KEY_ID", "value": NodeMinio::USER},
+        {"name": "AWS_SECRET_ACCESS_KEY", "value": NodeMinio::SECRET},
+    ]}]}});
+    cluster.apply(ns.name(), &low).await.unwrap();
+    wait_for("a checkpoint of the low job", JOB_DEADLINE, || async {
+        let kept = minio.objects(bucket, "runs/low/checkpoints");
+        (!kept.is_empty()).then_some(kept)
+    })
+    .await;
+
+    let mut high = queued(example("mnist-allreduce.yaml", "high", 200), "300m");
+    high["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "e2e-high".into();
+    high["spec"]["workers"]["groupSize"] = 2.into();
+    cluster.apply(ns.name(), &high).await.unwrap();
+    let evicted = wait_for("the low job to be preempted", JOB_DEADLINE, || async {
+        condition_of(&ns, "low", "Suspended", "True").await.filter(|c| c["reason"] == "EvictedByKueue")
+    })
+    .await;
+    assert!(evicted["message"].as_str().unwrap().contains("Preempted"), "{evicted}");
+    wait_for("the low job's pods to go", JOB_DEADLINE, || async {
+        pods(&ns, "low").await.is_empty().then_some(())
+    })
+    .await;
+    let saved: Vec<u64> = minio
+        .objects(bucket, "runs/low/checkpoints")
+        .iter()
+        .filter_map(|n| n.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok())
+        .collect();
+    let newest = saved.iter().copied().max().unwrap();
+    wait_succeeded(&ns, "high").await;
+
+    let log = wait_for("the low job to resume", JOB_DEADLINE, || async {
+        let log = log_of(&ns, "low-g0-0", false).await;
+        log.contains("resumed from checkpoint").then_some(log)
+    })
+    .await;
+    let step = logged_number(&log, "resumed from checkpoint", "step").unwrap_or(0);
+    assert!(
+        step >= newest,
+        "resumed at step {step}, but the bucket held step {newest} when it was preempted:\n{log}"
+    );
+    ns.cleanup().await.unwrap();
+    kueue_drop(&cluster, &queue).await;
+}

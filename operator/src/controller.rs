@@ -38,6 +38,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
@@ -54,7 +55,7 @@ use tandem_api::{Backend, JobPhase, Progress, Role, TrainingJob, TrainingJobStat
 use crate::metrics::{Metrics, RoleLabel};
 use crate::plan::{self, Observed, Plan, Settings, condition};
 use crate::validate::{self, ValidatedJob};
-use crate::{builder, progress, secrets};
+use crate::{builder, kueue, progress, secrets};
 
 /// A failed step of a reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +109,17 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A Kueue object could not be read or written.
+    #[error(
+        "{what}: {source}; a job labelled kueue.x-k8s.io/queue-name needs Kueue's CRDs installed and the operator's Kueue RBAC (chart value kueue.enabled)"
+    )]
+    Kueue {
+        /// What was done to which object.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
     /// Secret material could not be generated.
     #[error(transparent)]
     Random(#[from] secrets::RandomError),
@@ -153,7 +165,8 @@ impl Error {
             | Error::Apply { source, .. }
             | Error::Delete { source, .. }
             | Error::Status { source, .. }
-            | Error::PodGroup { source, .. } => Some(source),
+            | Error::PodGroup { source, .. }
+            | Error::Kueue { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -166,6 +179,7 @@ impl Error {
             Error::Delete { .. } => "delete",
             Error::Status { .. } => "status",
             Error::PodGroup { .. } => "podgroup",
+            Error::Kueue { .. } => "kueue",
             Error::Random(_) => "internal",
             Error::Conflict { .. } => "conflict",
             Error::Predecessor { .. } => "predecessor",
@@ -198,6 +212,9 @@ pub struct Context {
     /// Give every job a NetworkPolicy that admits only its own pods, and these operator pods to
     /// the status port (`--network-policy`); `None`: no policy.
     pub network_policy: Option<builder::OperatorPeer>,
+    /// Hold jobs labelled `kueue.x-k8s.io/queue-name` until Kueue admits their Workload
+    /// (`--kueue`; see [`crate::kueue`]).
+    pub kueue: bool,
     /// The reflector stores, set by [`JobController::new`]; without them every read goes to the API.
     caches: OnceLock<Caches>,
     /// `<job uid>/<secret name>` of the Secrets known to exist (found or created), and
@@ -264,6 +281,7 @@ impl Context {
             debounce: DEFAULT_DEBOUNCE,
             prune_every: DEFAULT_PRUNE_EVERY,
             network_policy: None,
+            kueue: false,
             caches: OnceLock::new(),
             known_secrets: Mutex::new(HashSet::new()),
             failures: Failures::default(),
@@ -842,7 +860,14 @@ async fn fail_once(job: &TrainingJob, ctx: &Context, reason: &str, message: Stri
     Ok(Action::await_change())
 }
 
-async fn execute(job: &ValidatedJob<'_>, ctx: &Context, plan: &Plan) -> Result<(), Error> {
+/// Carries out `plan`'s deletions and creations; new pods get `placement`, the admission of a
+/// job Kueue admitted.
+async fn execute(
+    job: &ValidatedJob<'_>,
+    ctx: &Context,
+    plan: &Plan,
+    placement: Option<&kueue::Placement>,
+) -> Result<(), Error> {
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), job.namespace);
     for name in &plan.delete {
         delete(&pods, name, "Pod", &DeleteParams::default()).await?;
@@ -858,13 +883,22 @@ async fn execute(job: &ValidatedJob<'_>, ctx: &Context, plan: &Plan) -> Result<(
         .await?;
     }
     for &(role, attempt) in &plan.create {
-        create_pod(job, &pods, role, attempt).await?;
+        create_pod(job, &pods, role, attempt, placement).await?;
     }
     Ok(())
 }
 
-async fn create_pod(job: &ValidatedJob<'_>, pods: &Api<Pod>, role: Role, attempt: u32) -> Result<(), Error> {
-    let pod = builder::pod(job, role, attempt);
+async fn create_pod(
+    job: &ValidatedJob<'_>,
+    pods: &Api<Pod>,
+    role: Role,
+    attempt: u32,
+    placement: Option<&kueue::Placement>,
+) -> Result<(), Error> {
+    let mut pod = builder::pod(job, role, attempt);
+    if let Some(placement) = placement {
+        kueue::place(&mut pod, role, placement);
+    }
     let name = pod.name_any();
     let params = PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() };
     match pods.create(&params, &pod).await {
@@ -873,6 +907,133 @@ async fn create_pod(job: &ValidatedJob<'_>, pods: &Api<Pod>, role: Role, attempt
         Err(e) if is_status(&e, 409) => Ok(()),
         Err(source) => Err(Error::Apply { what: format!("Pod {name}"), source }),
     }
+}
+
+/// Where `job` stands in Kueue, for a job labelled with a queue (`None` otherwise). Its Workload
+/// is created when missing and replaced when the job no longer matches it (scaled); an evicted
+/// Workload whose pods are all gone gets its reservation cleared, so that Kueue queues it again.
+async fn kueue_admission(
+    job: &ValidatedJob<'_>,
+    ctx: &Context,
+    pods: &[Pod],
+) -> Result<Option<kueue::Admission>, Error> {
+    let Some(queue) = kueue::queue_name(job) else { return Ok(None) };
+    if job.job.status.as_ref().and_then(|s| s.phase).is_some_and(JobPhase::is_finished) {
+        return Ok(None);
+    }
+    let api =
+        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), job.namespace, &kueue::workload_resource());
+    let name = kueue::workload_name(job.name);
+    let failed = |what: &str| {
+        let what = format!("{what} Workload {}/{name}", job.namespace);
+        move |source| Error::Kueue { what, source }
+    };
+    let existing = api.get_opt(&name).await.map_err(failed("reading"))?;
+    let workload = match existing {
+        Some(w) if kueue::matches(&w, job) => w,
+        Some(_) => {
+            tracing::info!(job = %job.name, workload = %name, "the job was resized: replacing its Workload");
+            match api.delete(&name, &DeleteParams::foreground()).await {
+                Ok(_) => {}
+                Err(e) if is_status(&e, 404) => {}
+                Err(source) => return Err(failed("deleting")(source)),
+            }
+            let message = format!(
+                "the job now has {} worker groups: its Workload {name} is replaced, and the new size waits for admission",
+                job.spec.workers.groups
+            );
+            return Ok(Some(kueue::Admission::Waiting { reason: "Resized".to_owned(), message }));
+        }
+        None => {
+            let priority = kueue_priority(job, ctx).await?;
+            let object = kueue::workload(job, queue, priority.as_ref());
+            let params =
+                PostParams { field_manager: Some(names::FIELD_MANAGER.to_owned()), ..PostParams::default() };
+            match api.create(&params, &object).await {
+                Ok(_) => {}
+                Err(e) if is_status(&e, 409) => {}
+                Err(source) => return Err(failed("creating")(source)),
+            }
+            let message = format!("Workload {name} submitted to LocalQueue {queue}");
+            return Ok(Some(kueue::Admission::Waiting { reason: "Submitted".to_owned(), message }));
+        }
+    };
+    let flavor_api = Api::<DynamicObject>::all_with(ctx.client.clone(), &kueue::flavor_resource());
+    let mut flavors = BTreeMap::new();
+    for flavor in kueue::flavors_used(&workload) {
+        let what = format!("reading ResourceFlavor {flavor}");
+        match flavor_api.get_opt(&flavor).await {
+            Ok(Some(object)) => {
+                flavors.insert(flavor, kueue::Flavor::of(&object));
+            }
+            Ok(None) => {}
+            Err(source) => return Err(Error::Kueue { what, source }),
+        }
+    }
+    let admission = kueue::admission(&workload, &flavors);
+    if matches!(admission, kueue::Admission::Evicted { .. }) && pods.is_empty() {
+        let status = kueue::cleared_reservation(&workload, Timestamp::now());
+        let params = PatchParams::apply(kueue::ADMISSION_MANAGER).force();
+        api.patch_status(&name, &params, &Patch::Apply(&status))
+            .await
+            .map_err(failed("clearing the reservation of"))?;
+        tracing::info!(job = %job.name, workload = %name, "evicted job's pods are gone: reservation cleared");
+    }
+    Ok(Some(admission))
+}
+
+/// The job's priority for its Workload: its WorkloadPriorityClass (label
+/// `kueue.x-k8s.io/priority-class`), else the PriorityClass of its pods.
+async fn kueue_priority(job: &ValidatedJob<'_>, ctx: &Context) -> Result<Option<kueue::Priority>, Error> {
+    if let Some(name) = job.job.labels().get(kueue::PRIORITY_LABEL) {
+        let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &kueue::priority_class_resource());
+        let what = format!("reading WorkloadPriorityClass {name}");
+        let object = api.get(name).await.map_err(|source| Error::Kueue { what, source })?;
+        let value = object.data["value"].as_i64().and_then(|v| i32::try_from(v).ok()).unwrap_or(0);
+        return Ok(Some(kueue::Priority { group: kueue::GROUP, name: name.clone(), value }));
+    }
+    if let Some(name) = &job.spec.run_policy.scheduling.priority_class_name {
+        let api = Api::<PriorityClass>::all(ctx.client.clone());
+        let what = format!("reading PriorityClass {name}");
+        let object = api.get(name).await.map_err(|source| Error::Kueue { what, source })?;
+        return Ok(Some(kueue::Priority {
+            group: "scheduling.k8s.io",
+            name: name.clone(),
+            value: object.value,
+        }));
+    }
+    Ok(None)
+}
+
+/// Marks the Workload of a finished job `Finished`, so that Kueue releases its quota.
+async fn finish_workload(
+    job: &ValidatedJob<'_>,
+    ctx: &Context,
+    status: &TrainingJobStatus,
+) -> Result<(), Error> {
+    if kueue::queue_name(job).is_none() {
+        return Ok(());
+    }
+    let api =
+        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), job.namespace, &kueue::workload_resource());
+    let name = kueue::workload_name(job.name);
+    let what = format!("marking Workload {}/{name} finished", job.namespace);
+    let workload = match api.get_opt(&name).await {
+        Ok(Some(w)) => w,
+        Ok(None) => return Ok(()),
+        Err(source) => return Err(Error::Kueue { what, source }),
+    };
+    if kueue::finished(&workload) {
+        return Ok(());
+    }
+    let succeeded = status.phase == Some(JobPhase::Succeeded);
+    let message = if succeeded { "the TrainingJob succeeded" } else { "the TrainingJob failed" };
+    let body = kueue::finished_status(&workload, succeeded, message, &Timestamp::now().to_string());
+    let params = PatchParams::apply(names::FIELD_MANAGER).force();
+    api.patch_status(&name, &params, &Patch::Apply(&body))
+        .await
+        .map(drop)
+        .map_err(|source| Error::Kueue { what, source })
 }
 
 /// Reconciles one TrainingJob.
@@ -906,9 +1067,18 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     let pods = job_pods(job, ctx).await?;
     let lost = lost_nodes(ctx, &pods).await;
     let progress = read_progress(job, ctx, &pods).await;
-    let observed =
-        Observed { pods: &pods, lost_nodes: &lost, now: Timestamp::now(), progress: progress.as_ref() };
+    let queue = if ctx.kueue { kueue_admission(job, ctx, &pods).await? } else { None };
+    let observed = Observed {
+        pods: &pods,
+        lost_nodes: &lost,
+        now: Timestamp::now(),
+        progress: progress.as_ref(),
+        queue: queue.as_ref(),
+    };
     let mut plan = plan::decide(job, &observed, &ctx.settings);
+    if ctx.kueue && plan.status.phase.is_some_and(JobPhase::is_finished) {
+        finish_workload(job, ctx, &plan.status).await?;
+    }
     if matches!(plan.status.phase, Some(JobPhase::Running | JobPhase::Scaling)) {
         plan.requeue_after = plan.requeue_after.min(ctx.progress_every);
     }
@@ -925,9 +1095,13 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
     // Without a restart the plan raises no attempt, so pods may come first: a crash before the
     // status write makes the next reconcile decide the same again. A restart writes the raised
     // attempts first, so that the old pods are stale should the reconcile stop half-way.
+    let placement = match &queue {
+        Some(kueue::Admission::Admitted { placement, .. }) => Some(placement),
+        _ => None,
+    };
     let pods_first = plan.restarted.is_empty();
     if pods_first {
-        execute(job, ctx, &plan).await?;
+        execute(job, ctx, &plan, placement).await?;
     }
     if raw.status.as_ref() != Some(&plan.status) {
         write_status(ctx, job.namespace, job.name, &plan.status).await?;
@@ -943,7 +1117,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action, Error
         ctx.metrics.stalls.inc();
     }
     if !pods_first {
-        execute(job, ctx, &plan).await?;
+        execute(job, ctx, &plan, placement).await?;
     }
     if plan.delete_job {
         tracing::info!(job = %job.name, "deleting finished job: ttlSecondsAfterFinished expired");
@@ -1074,13 +1248,28 @@ impl JobController {
             })
             .reflect(writer)
             .applied_objects();
-        let controller = Controller::for_stream(job_stream, jobs)
+        let mut controller = Controller::for_stream(job_stream, jobs)
             .with_config(
                 runtime_controller::Config::default().concurrency(ctx.concurrency).debounce(ctx.debounce),
             )
             .owns_stream(pod_stream)
             .owns_stream(config_map_stream)
             .owns_stream(service_stream);
+        if ctx.kueue {
+            // Kueue's admissions and evictions arrive as changes of the jobs' Workloads.
+            let resource = kueue::workload_resource();
+            let api = match &scope.namespace {
+                Some(ns) => Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource),
+                None => Api::<DynamicObject>::all_with(ctx.client.clone(), &resource),
+            };
+            let owned = watcher::Config::default().labels(&format!(
+                "{}={}",
+                names::LABEL_MANAGED_BY,
+                names::FIELD_MANAGER
+            ));
+            let stream = watcher(api, owned).default_backoff().touched_objects();
+            controller = controller.owns_stream_with(stream, resource);
+        }
         Self { controller, ctx }
     }
 

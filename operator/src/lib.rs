@@ -19,6 +19,7 @@
 //! | Secret | `<job>-ssh` | `backend: mpi`; Ed25519 key, created once |
 //! | ConfigMap | `<job>-g<g>-hostfile` | `backend: mpi`; OpenMPI hostfile of group `g` |
 //! | PodGroup | `<job>` | `runPolicy.scheduling.gang` (Volcano or scheduler-plugins) |
+//! | Kueue Workload | `trainingjob-<job>` | `--kueue` and the label `kueue.x-k8s.io/queue-name` ([`kueue`]) |
 //! | NetworkPolicy | `<job>` | `--network-policy`: ingress from the job's pods, and the operator's to the status port |
 //!
 //! Each is adopted only if it carries the job's owner reference; an object of that name owned by
@@ -44,6 +45,7 @@
 
 pub mod builder;
 pub mod controller;
+pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod plan;

@@ -74,6 +74,10 @@ struct Args {
     /// source.
     #[arg(long, env = "TANDEM_METRICS_FROM", default_value = "[]")]
     metrics_from: String,
+    /// Queue jobs labelled `kueue.x-k8s.io/queue-name` through Kueue: each gets a Workload and runs
+    /// no pod until Kueue admits it (needs Kueue's CRDs and the chart's Kueue RBAC).
+    #[arg(long, env = "TANDEM_KUEUE")]
+    kueue: bool,
 }
 
 /// How long in-flight work may take once a shutdown signal came: SIGTERM must stop the operator
@@ -153,6 +157,7 @@ async fn main() -> anyhow::Result<()> {
     ctx.concurrency = args.concurrency;
     ctx.debounce = Duration::from_millis(args.debounce_ms);
     ctx.progress_every = Duration::from_secs(args.progress_every.max(1));
+    ctx.kueue = args.kueue;
     if args.network_policy {
         let labels = parse_labels(&args.operator_labels)?;
         anyhow::ensure!(

@@ -6,9 +6,11 @@
 # repository; each is rebuilt only when it is missing or reports another version.
 #
 # `node` builds what the real node of scripts/node/ adds: kubelet, kube-scheduler and kube-proxy (same
-# wrapper), CoreDNS (a wrapper module with a reduced plugin set) and Rancher's local-path-provisioner.
+# wrapper), CoreDNS (a wrapper module with a reduced plugin set) and Rancher's local-path-provisioner,
+# and the schedulers the node tests meet: Kueue's manager and scheduler-plugins' kube-scheduler and
+# controller (their CRDs are copied from the modules next to the binaries, under $K8S_HOME/crds/).
 #
-# Usage: scripts/controlplane/build.sh [all|k8s|etcd|kwok|helm|node]...   (default: all)
+# Usage: scripts/controlplane/build.sh [all|k8s|etcd|kwok|helm|node|schedulers]...   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.sh
@@ -36,6 +38,8 @@ have() {
     helm) "$bin" version --short 2>/dev/null | grep -q "$2" ;;
     coredns) "$bin" -version 2>/dev/null | grep -q "$2" ;;
     local-path-provisioner) "$bin" --version 2>/dev/null | grep -q "$2" ;;
+    # No version flag: the build writes the version it built beside the binary.
+    kueue | scheduler-plugins-*) grep -qx "$2" "$bin.version" 2>/dev/null ;;
     *) "$bin" --version 2>/dev/null | grep -q "$2" ;;
   esac
 }
@@ -157,6 +161,67 @@ build_local_path() {
   log "local-path-provisioner v$LOCAL_PATH_VERSION: built in $((SECONDS - start)) s"
 }
 
+# Kueue's manager (`kueue`), and its CRDs from the same module into $K8S_HOME/crds/kueue.
+build_kueue() {
+  local crds="$K8S_HOME/crds/kueue"
+  if have kueue "$KUEUE_VERSION" && [ -d "$crds" ]; then
+    log "kueue v$KUEUE_VERSION: present"
+    return
+  fi
+  local start=$SECONDS
+  log "kueue v$KUEUE_VERSION: building"
+  GOBIN="$K8S_HOME/src/kueue-bin" go install -p "$BUILD_P" -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION"
+  mv "$K8S_HOME/src/kueue-bin/kueue" "$K8S_BIN/kueue"
+  echo "$KUEUE_VERSION" >"$K8S_BIN/kueue.version"
+  rm -rf "$crds" && mkdir -p "$crds"
+  cp "$(go env GOMODCACHE)/sigs.k8s.io/kueue@v$KUEUE_VERSION"/config/components/crd/bases/*.yaml "$crds/"
+  chmod -R u+w "$crds"
+  log "kueue v$KUEUE_VERSION: built in $((SECONDS - start)) s"
+}
+
+# scheduler-plugins' kube-scheduler (with the coscheduling plugin) and controller, as
+# `scheduler-plugins-scheduler` and `scheduler-plugins-controller`, built inside a copy of the module
+# (its go.mod replaces the staging modules), and its CRDs into $K8S_HOME/crds/scheduler-plugins.
+build_scheduler_plugins() {
+  local v="$SCHEDULER_PLUGINS_VERSION" crds="$K8S_HOME/crds/scheduler-plugins"
+  if have scheduler-plugins-scheduler "$v" && have scheduler-plugins-controller "$v" && [ -d "$crds" ]; then
+    log "scheduler-plugins v$v: present"
+    return
+  fi
+  local start=$SECONDS w="$K8S_HOME/src/scheduler-plugins-v$v" dir kminor="${K8S_VERSION#1.}"
+  kminor="${kminor%%.*}"
+  log "scheduler-plugins v$v: building (copy of the module in $w)"
+  if [ ! -f "$w/.complete" ]; then
+    rm -rf "$w"
+    dir="$(go mod download -json "sigs.k8s.io/scheduler-plugins@v$v" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+    cp -r "$dir" "$w"
+    chmod -R u+w "$w"
+    # Build it against the control plane's Kubernetes (not every staging module of the release's own
+    # patch version is served, and the node should run one Kubernetes): same minor, by design.
+    local kpatch="${K8S_VERSION#*.*.}"
+    sed -i -E "s#^(.*k8s\.io/[A-Za-z0-9._-]+ v0\.$kminor)\.[0-9]+\$#\1.$kpatch#; s#^(.*k8s\.io/kubernetes v1\.$kminor)\.[0-9]+\$#\1.$kpatch#" "$w/go.mod"
+    (cd "$w" && go mod tidy)
+    touch "$w/.complete"
+  fi
+  cd "$w"
+  # Stamped with the Kubernetes version it is built against: kube-scheduler checks its emulation
+  # version against it. The plugins' own version goes beside each binary.
+  local ldf="-s -w" kv
+  for kv in "gitVersion=v$K8S_VERSION" gitMajor=1 "gitMinor=$kminor"; do
+    ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+  done
+  go build -p "$BUILD_P" -trimpath -ldflags "$ldf" -o "$K8S_BIN/scheduler-plugins-scheduler" ./cmd/scheduler
+  go build -p "$BUILD_P" -trimpath -ldflags "$ldf" -o "$K8S_BIN/scheduler-plugins-controller" ./cmd/controller
+  echo "$v" >"$K8S_BIN/scheduler-plugins-scheduler.version"
+  echo "$v" >"$K8S_BIN/scheduler-plugins-controller.version"
+  rm -rf "$crds" && mkdir -p "$crds"
+  cp config/crd/bases/scheduling.x-k8s.io_podgroups.yaml config/crd/bases/scheduling.x-k8s.io_elasticquotas.yaml "$crds/"
+  log "scheduler-plugins v$v: built in $((SECONDS - start)) s"
+}
+
 build_etcd() {
   if have etcd "etcd Version: $ETCD_VERSION\$"; then
     log "etcd v$ETCD_VERSION: present"
@@ -219,8 +284,9 @@ for t in "${targets[@]}"; do
     kwok) (build_kwok) ;;
     helm) (build_helm) ;;
     # The real node of `make node-up` (scripts/node/): not part of `all`, which the cluster tests need.
-    node) (build_node) && (build_coredns) && (build_local_path) ;;
-    *) echo "build.sh: unknown target '$t'; use all, k8s, etcd, kwok, helm or node" >&2; exit 2 ;;
+    node) (build_node) && (build_coredns) && (build_local_path) && (build_kueue) && (build_scheduler_plugins) ;;
+    schedulers) (build_kueue) && (build_scheduler_plugins) ;;
+    *) echo "build.sh: unknown target '$t'; use all, k8s, etcd, kwok, helm, node or schedulers" >&2; exit 2 ;;
   esac
 done
 log "binaries in $K8S_BIN"

@@ -9,6 +9,10 @@ HELM_VERSION="${HELM_VERSION:-3.22.0}"
 # class's provisioner.
 COREDNS_VERSION="${COREDNS_VERSION:-1.14.0}"
 LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-0.0.30}"
+# The schedulers the node tests meet (issue 41): Kueue's manager, and scheduler-plugins' kube-scheduler
+# (with the coscheduling plugin) and controller, whose minor matches K8S_VERSION's.
+KUEUE_VERSION="${KUEUE_VERSION:-0.17.0}"
+SCHEDULER_PLUGINS_VERSION="${SCHEDULER_PLUGINS_VERSION:-0.34.7}"
 
 TANDEM_CACHE="${TANDEM_CACHE:-$HOME/.cache/tandem}"
 K8S_HOME="$TANDEM_CACHE/k8s/v$K8S_VERSION"

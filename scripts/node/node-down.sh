@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make node-down`: stops the node of node-up.sh and puts the host back as node-up found it (the record
 # in $D/host): pods deleted through the API first (so the kubelet tears down their networks and
-# volumes), then kube-proxy (and its iptables rules), kube-scheduler, kubelet, containerd and the
+# volumes), then kube-proxy (and its iptables rules), Kueue and the schedulers, kubelet, containerd and the
 # control plane; then what is left: container tasks, mounts under $D, network namespaces and cgroups
 # made since, sysctls, KUBE-* iptables chains and the nft tables they needed, the bridge, the folders
 # made outside $D. Only processes recorded in $D/pids are signalled. Safe to run when nothing runs.
@@ -42,6 +42,9 @@ fi
 # 2. The node's processes, clients before servers.
 stop kube-proxy "$K8S_BIN/kube-proxy"
 [ ! -x "$K8S_BIN/kube-proxy" ] || "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+stop kueue "$K8S_BIN/kueue"
+stop scheduler-plugins-controller "$K8S_BIN/scheduler-plugins-controller"
+stop scheduler-plugins-scheduler "$K8S_BIN/scheduler-plugins-scheduler"
 stop kube-scheduler "$K8S_BIN/kube-scheduler"
 stop kubelet "$K8S_BIN/kubelet"
 if ours "$(pid_of containerd)" containerd; then
@@ -114,7 +117,7 @@ fi
 
 # 7. The bridge, and folders made outside $D.
 ip link delete "$BRIDGE" 2>/dev/null
-for p in /run/containerd /var/lib/cni /usr/libexec/kubernetes /etc/cni; do
+for p in /run/containerd /var/lib/cni /usr/libexec/kubernetes /etc/cni /etc/kueue; do
   [ -e "$p" ] && ! grep -qx "$p" "$D/host/paths" 2>/dev/null && rm -rf "$p"
 done
 

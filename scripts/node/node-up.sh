@@ -87,7 +87,7 @@ done >"$D/host/cgroups" 2>/dev/null || true
 ls /run/netns 2>/dev/null >"$D/host/netns" || true
 findmnt -rn -o TARGET >"$D/host/mounts"
 nft list tables 2>/dev/null >"$D/host/nft-tables" || true
-for p in /run/containerd /var/lib/cni /usr/libexec/kubernetes /run/netns /etc/cni; do
+for p in /run/containerd /var/lib/cni /usr/libexec/kubernetes /run/netns /etc/cni /etc/kueue; do
   [ -e "$p" ] && echo "$p"
 done >"$D/host/paths"
 
@@ -264,6 +264,75 @@ for d in kube-system/coredns local-path-storage/local-path-provisioner; do
     failed addons "deployment $d did not become available"
   fi
 done
+# ---- schedulers users run beside the default one (issue 41) ---------------------------------------------
+# scheduler-plugins' kube-scheduler as a second scheduler, `scheduler-plugins-scheduler`, with the
+# coscheduling plugin (gangs of `scheduling.x-k8s.io` PodGroups), and its controller (PodGroup status),
+# as that project's "second scheduler" install runs them; and Kueue's manager (kueue-up.sh). Their CRDs
+# come from the same modules (build.sh copies them to $K8S_HOME/crds). TANDEM_NODE_SCHEDULERS=0 skips them.
+if [ "${TANDEM_NODE_SCHEDULERS:-1}" = 1 ]; then
+  for b in scheduler-plugins-scheduler scheduler-plugins-controller kueue; do
+    [ -x "$K8S_BIN/$b" ] || failed schedulers "$K8S_BIN/$b is missing; build it first: make node-bins"
+  done
+  k apply --server-side -f "$K8S_HOME/crds/scheduler-plugins" >"$D/logs/schedulers.log"
+  k wait --for condition=established --timeout=60s -f "$K8S_HOME/crds/scheduler-plugins" >>"$D/logs/schedulers.log"
+  cat >"$D/scheduler-plugins.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection: {leaderElect: false}
+clientConnection: {kubeconfig: $D/kubeconfig}
+profiles:
+- schedulerName: scheduler-plugins-scheduler
+  plugins:
+    multiPoint:
+      enabled: [{name: Coscheduling}]
+    queueSort:
+      enabled: [{name: Coscheduling}]
+      disabled: [{name: "*"}]
+  pluginConfig:
+  - name: Coscheduling
+    args: {permitWaitingTimeSeconds: 10}
+EOF
+  start scheduler-plugins-scheduler "$K8S_BIN/scheduler-plugins-scheduler" --config="$D/scheduler-plugins.yaml" \
+    --authentication-kubeconfig="$D/kubeconfig" --authorization-kubeconfig="$D/kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$(free_port)" --v=1
+  KUBECONFIG="$D/kubeconfig" start scheduler-plugins-controller "$K8S_BIN/scheduler-plugins-controller" \
+    --metricsAddr="127.0.0.1:$(free_port)" --probeAddr="127.0.0.1:$(free_port)"
+  # Kueue's manager, configured as its Deployment is but on this host: its CRDs (the base ones, no
+  # conversion webhook), no webhook registered with the API server (the operator writes complete
+  # Workloads; the manager still serves its webhook port, on loopback, with a self-signed
+  # certificate), no visibility API, metrics off. It reads its metrics certificate from a fixed
+  # path, /etc/kueue/metrics/certs, which node-down removes.
+  k apply --server-side -f "$K8S_HOME/crds/kueue" >>"$D/logs/schedulers.log"
+  k wait --for condition=established --timeout=60s -f "$K8S_HOME/crds/kueue" >>"$D/logs/schedulers.log"
+  k create namespace kueue-system >>"$D/logs/schedulers.log"
+  mkdir -p "$D/kueue/certs" /etc/kueue/metrics/certs
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=kueue \
+    -keyout "$D/kueue/certs/tls.key" -out "$D/kueue/certs/tls.crt" 2>>"$D/logs/schedulers.log"
+  cp "$D/kueue/certs/tls.key" "$D/kueue/certs/tls.crt" /etc/kueue/metrics/certs/
+  kueue_health="$(free_port)"
+  cat >"$D/kueue/config.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health: {healthProbeBindAddress: "127.0.0.1:$kueue_health"}
+metrics: {bindAddress: "0"}
+webhook: {port: $(free_port), host: 127.0.0.1, certDir: $D/kueue/certs}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+integrations: {frameworks: [batch/job], externalFrameworks: [TrainingJob.v1alpha1.tandem.dev]}
+featureGates: {VisibilityOnDemand: false}
+EOF
+  KUBECONFIG="$D/kubeconfig" start kueue "$K8S_BIN/kueue" --config="$D/kueue/config.yaml"
+  until curl -sf "http://127.0.0.1:$kueue_health/readyz" >/dev/null; do
+    alive kueue || failed kueue "Kueue's manager exited during start"
+    [ "$SECONDS" -lt "$deadline" ] || failed kueue "Kueue's manager not ready after ${TIMEOUT}s"
+    sleep 0.5
+  done
+  for c in scheduler-plugins-scheduler scheduler-plugins-controller; do
+    alive "$c" || failed "$c" "$c exited during start"
+  done
+  log "scheduler-plugins' scheduler and controller, and Kueue, running"
+fi
 trap - ERR
 log "node ready in $((SECONDS - start_time)) s (state in $D, logs in $D/logs; kubectl and helm: export PATH=$K8S_BIN:\$PATH)"
 echo "export KUBECONFIG=$D/kubeconfig"

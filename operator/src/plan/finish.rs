@@ -8,8 +8,9 @@ use tandem_api::{CleanPodPolicy, JobPhase, RoleStatus};
 use super::pods::{ObservedPod, PodPhase};
 use super::{Draft, JobFailure, Plan, condition};
 
-/// A suspended job: every pod goes, spec and status stay.
-pub(super) fn suspend(mut draft: Draft<'_>, pods: &[ObservedPod<'_>]) -> Plan {
+/// A suspended job (`runPolicy.suspend`, or held by Kueue): every pod goes, spec and status stay;
+/// `reason` and `message` say why.
+pub(super) fn suspend(mut draft: Draft<'_>, pods: &[ObservedPod<'_>], reason: &str, message: &str) -> Plan {
     for p in pods.iter().filter(|p| !p.deleting) {
         draft.delete(&p.name);
     }
@@ -19,12 +20,11 @@ pub(super) fn suspend(mut draft: Draft<'_>, pods: &[ObservedPod<'_>]) -> Plan {
     status.phase = Some(JobPhase::Suspended);
     status.parameter_servers = Some(RoleStatus::default());
     status.workers = Some(RoleStatus::default());
-    let message = "runPolicy.suspend is true: pods deleted, spec and status kept";
-    draft.set(condition::SUSPENDED, true, "Suspended", message);
+    draft.set(condition::SUSPENDED, true, reason, message);
     for type_ in [condition::RUNNING, condition::SCALING, condition::RESTARTING] {
-        draft.set(type_, false, "Suspended", message);
+        draft.set(type_, false, reason, message);
     }
-    draft.transition("Suspended", message, false);
+    draft.transition(reason, message, false);
     draft.into_plan()
 }
 

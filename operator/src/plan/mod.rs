@@ -54,6 +54,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tandem_api::policy::Unit;
 use tandem_api::{JobPhase, Progress, Role, TrainingJobStatus};
 
+use crate::kueue::Admission;
 use crate::validate::ValidatedJob;
 use pods::ObservedPod;
 pub use pods::{PodPhase, container_restarts, exit_code, keep_what_is_read};
@@ -109,6 +110,8 @@ pub struct Observed<'a> {
     pub now: Timestamp,
     /// The progress just read from the trainer, if any.
     pub progress: Option<&'a Progress>,
+    /// Where the job stands in Kueue, for a job submitted to a Kueue queue (see [`crate::kueue`]).
+    pub queue: Option<&'a Admission>,
 }
 
 /// A transition worth an Event.
@@ -235,11 +238,37 @@ pub fn decide(job: &ValidatedJob<'_>, observed: &Observed<'_>, settings: &Settin
     }
     let policy = &job.spec.run_policy;
     draft.plan.ensure_children = true;
-    draft.plan.want_pod_group = policy.scheduling.gang && !policy.suspend;
+    let held = match observed.queue {
+        Some(Admission::Waiting { reason, message }) => {
+            Some(("QueuedByKueue", format!("waiting for Kueue to admit it ({reason}): {message}")))
+        }
+        Some(Admission::Evicted { reason, message }) => Some((
+            "EvictedByKueue",
+            format!(
+                "evicted by Kueue ({reason}): pods stopped, to be queued again once they are gone: {message}"
+            ),
+        )),
+        Some(Admission::Admitted { .. }) | None => None,
+    };
+    draft.plan.want_pod_group = policy.scheduling.gang && !policy.suspend && held.is_none();
     if policy.suspend {
-        return finish::suspend(draft, &pods);
+        return finish::suspend(
+            draft,
+            &pods,
+            "Suspended",
+            "runPolicy.suspend is true: pods deleted, spec and status kept",
+        );
     }
-    created(&mut draft);
+    if let Some((reason, message)) = held {
+        return finish::suspend(draft, &pods, reason, &message);
+    }
+    let resumed = match observed.queue {
+        Some(Admission::Admitted { cluster_queue, .. }) => {
+            ("Admitted", format!("admitted by Kueue to ClusterQueue {cluster_queue}: pods created"))
+        }
+        _ => ("Resumed", "runPolicy.suspend is false: pods recreated".to_owned()),
+    };
+    created(&mut draft, resumed);
     failures::delete_stale(&mut draft, &pods);
     let failure = match failures::restart_failed_units(&mut draft, &pods) {
         Ok(restarted) => failures::count_in_place_restarts(&mut draft, &pods, &restarted),
@@ -293,9 +322,9 @@ fn force_deletes(
 
 /// A running (not suspended, not finished) job: its objects exist, a resume is recorded, and
 /// units the spec no longer has (scaled-down groups) lose their bookkeeping.
-fn created(draft: &mut Draft<'_>) {
+fn created(draft: &mut Draft<'_>, (reason, message): (&str, String)) {
     if condition_is(&draft.old, condition::SUSPENDED, "True").is_some() {
-        draft.set(condition::SUSPENDED, false, "Resumed", "runPolicy.suspend is false: pods recreated");
+        draft.set(condition::SUSPENDED, false, reason, &message);
     }
     draft.set(condition::CREATED, true, "JobCreated", "Service, ConfigMap and Secrets created");
     let spec = draft.job.spec;

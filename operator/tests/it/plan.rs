@@ -17,6 +17,7 @@ use tandem_api::names;
 use tandem_api::policy::{self, Failure, FailureKind, Relaunch, Unit, Verdict};
 use tandem_api::{CleanPodPolicy, JobPhase, RestartPolicy, Role, TrainingJob};
 use tandem_operator::builder;
+use tandem_operator::kueue::{Admission, Placement};
 use tandem_operator::plan::{Observed, Plan, Settings, decide, keep_what_is_read};
 use tandem_operator::validate::{ValidatedJob, validate};
 
@@ -101,7 +102,7 @@ fn cached(pods: &[Pod]) -> Vec<Pod> {
 fn run(job: &TrainingJob, pods: &[Pod], now: Timestamp) -> Plan {
     decide(
         &valid(job),
-        &Observed { pods: &cached(pods), lost_nodes: &BTreeSet::new(), now, progress: None },
+        &Observed { pods: &cached(pods), lost_nodes: &BTreeSet::new(), now, progress: None, queue: None },
         &Settings::default(),
     )
 }
@@ -433,6 +434,61 @@ fn suspend_deletes_pods_and_resume_recreates_them() {
     assert_eq!(condition(&resumed, "Suspended").status, "False");
 }
 
+fn run_queued(job: &TrainingJob, pods: &[Pod], now: Timestamp, queue: &Admission) -> Plan {
+    let observed = Observed {
+        pods: &cached(pods),
+        lost_nodes: &BTreeSet::new(),
+        now,
+        progress: None,
+        queue: Some(queue),
+    };
+    decide(&valid(job), &observed, &Settings::default())
+}
+
+#[test]
+fn a_job_waiting_for_kueue_has_no_pod_and_says_why_then_runs_once_admitted() {
+    let mut job = fixture("hybrid.yaml");
+    job.spec.run_policy.scheduling.gang = true;
+    let waiting = Admission::Waiting {
+        reason: "Pending".to_owned(),
+        message: "couldn't assign flavors to pod set worker: insufficient quota for cpu".to_owned(),
+    };
+    let plan = run_queued(&job, &[], t0(), &waiting);
+    assert!(plan.create.is_empty(), "a queued job creates pods: {:?}", plan.create);
+    assert!(!plan.want_pod_group, "a queued job's PodGroup would reserve nothing");
+    assert_eq!(plan.status.phase, Some(JobPhase::Suspended));
+    let held = condition(&plan, "Suspended");
+    assert_eq!((held.status.as_str(), held.reason.as_str()), ("True", "QueuedByKueue"));
+    assert!(held.message.contains("insufficient quota for cpu"), "{}", held.message);
+    job.status = Some(plan.status);
+    let admitted = Admission::Admitted { cluster_queue: "cq".to_owned(), placement: Placement::default() };
+    let plan = run_queued(&job, &[], at(5), &admitted);
+    assert_eq!(plan.create.len(), 6);
+    assert!(plan.want_pod_group);
+    let resumed = condition(&plan, "Suspended");
+    assert_eq!((resumed.status.as_str(), resumed.reason.as_str()), ("False", "Admitted"));
+    assert!(resumed.message.contains("ClusterQueue cq"), "{}", resumed.message);
+}
+
+#[test]
+fn a_job_evicted_by_kueue_stops_its_pods_and_keeps_its_status() {
+    let mut job = fixture("hybrid.yaml");
+    let pods = all_running(&job);
+    job.status = Some(run(&job, &pods, t0()).status);
+    let evicted = Admission::Evicted {
+        reason: "Preempted".to_owned(),
+        message: "Preempted to accommodate a workload due to prioritization in the ClusterQueue".to_owned(),
+    };
+    let plan = run_queued(&job, &pods, at(1), &evicted);
+    assert_eq!(plan.delete.len(), 6, "every pod gets SIGTERM");
+    assert!(plan.create.is_empty());
+    assert_eq!(plan.status.phase, Some(JobPhase::Suspended));
+    let held = condition(&plan, "Suspended");
+    assert_eq!(held.reason, "EvictedByKueue");
+    assert!(held.message.contains("Preempted to accommodate"), "{}", held.message);
+    assert_eq!(plan.events.len(), 1, "the eviction is an Event: {:?}", plan.events);
+}
+
 #[test]
 fn finished_workers_succeed_the_job_and_ttl_deletes_it_later() {
     let mut job = fixture("hybrid.yaml");
@@ -521,7 +577,7 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     let settings = Settings { force_delete_after: Duration::from_secs(60), ..Settings::default() };
     let early = decide(
         &valid(&job),
-        &Observed { pods: &cached(&pods), lost_nodes: &lost, now: at(60), progress: None },
+        &Observed { pods: &cached(&pods), lost_nodes: &lost, now: at(60), progress: None, queue: None },
         &settings,
     );
     assert!(early.force_delete.is_empty());
@@ -532,7 +588,7 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     job.status = Some(early.status.clone());
     let late = decide(
         &valid(&job),
-        &Observed { pods: &cached(&pods), lost_nodes: &lost, now: at(91), progress: None },
+        &Observed { pods: &cached(&pods), lost_nodes: &lost, now: at(91), progress: None, queue: None },
         &settings,
     );
     assert_eq!(late.force_delete, vec!["mnist-hybrid-g0-0".to_owned()]);
@@ -540,7 +596,13 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_grace() {
     // A node that is fine gets no force deletion.
     let fine = decide(
         &valid(&job),
-        &Observed { pods: &cached(&pods), lost_nodes: &BTreeSet::new(), now: at(500), progress: None },
+        &Observed {
+            pods: &cached(&pods),
+            lost_nodes: &BTreeSet::new(),
+            now: at(500),
+            progress: None,
+            queue: None,
+        },
         &settings,
     );
     assert!(fine.force_delete.is_empty());
@@ -720,7 +782,7 @@ fn look(job: &TrainingJob, pods: &[Pod], now: Timestamp, progress: Option<&tande
     let pods = cached(pods);
     decide(
         &valid(job),
-        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now, progress },
+        &Observed { pods: &pods, lost_nodes: &BTreeSet::new(), now, progress, queue: None },
         &Settings::default(),
     )
 }
