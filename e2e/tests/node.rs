@@ -834,7 +834,8 @@ impl NodeMinio {
         let out = Command::new(script).output().unwrap();
         let bin = String::from_utf8(out.stdout).unwrap().trim().to_owned();
         assert!(std::path::Path::new(&bin).exists(), "{bin} is missing: `make minio-bin`");
-        let root = std::env::temp_dir().join(format!("tandem-e2e-minio-{}", std::process::id()));
+        // One folder per test (bucket): tests run at once, and each removes its own when done.
+        let root = std::env::temp_dir().join(format!("tandem-e2e-minio-{}-{bucket}", std::process::id()));
         let drive = root.join("drive");
         std::fs::create_dir_all(drive.join(bucket)).unwrap();
         // The node's bridge address (scripts/node/node-env.sh), on a port of its own.
@@ -870,6 +871,24 @@ impl NodeMinio {
         names.sort();
         names
     }
+
+    /// Points `job`'s checkpoints at `s3://<bucket>/runs` on this MinIO, its workers holding the
+    /// credentials in their template's env.
+    fn checkpoint_here(&self, job: &mut Value, bucket: &str) {
+        job["spec"]["training"]["checkpoint"] = json!({"everySteps": 100, "url": format!("s3://{bucket}/runs"), "s3": {"endpoint": self.endpoint}});
+        job["spec"]["workers"]["template"] = json!({"spec": {"containers": [{"name": "tandem", "env": [
+            {"name": "AWS_ACCESS_KEY_ID", "value": NodeMinio::USER},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": NodeMinio::SECRET},
+        ]}]}});
+    }
+
+    /// The steps of the checkpoints job `job` keeps in `bucket` (see [`NodeMinio::checkpoint_here`]).
+    fn checkpoint_steps(&self, bucket: &str, job: &str) -> Vec<u64> {
+        self.objects(bucket, &format!("runs/{job}/checkpoints"))
+            .iter()
+            .filter_map(|n| n.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok())
+            .collect()
+    }
 }
 
 impl Drop for NodeMinio {
@@ -891,12 +910,7 @@ async fn a_deleted_and_recreated_job_resumes_from_its_checkpoints_in_a_bucket() 
     let minio = NodeMinio::start(bucket);
     let mut manifest = example("mnist-allreduce.yaml", "s3ckpt", 200_000);
     manifest["spec"]["workers"]["groupSize"] = 2.into();
-    manifest["spec"]["training"]["checkpoint"] =
-        json!({"everySteps": 100, "url": format!("s3://{bucket}/runs"), "s3": {"endpoint": minio.endpoint}});
-    manifest["spec"]["workers"]["template"] = json!({"spec": {"containers": [{"name": "tandem", "env": [
-        {"name": "AWS_ACCESS_KEY_ID", "value": NodeMinio::USER},
-        {"name": "AWS_SECRET_ACCESS_KEY", "value": NodeMinio::SECRET},
-    ]}]}});
+    minio.checkpoint_here(&mut manifest, bucket);
     let (cluster, ns) = start("s3ckpt", manifest.clone()).await;
     wait_for("a checkpoint in the bucket", JOB_DEADLINE, || async {
         let kept = minio.objects(bucket, "runs/s3ckpt/checkpoints");
@@ -909,11 +923,7 @@ async fn a_deleted_and_recreated_job_resumes_from_its_checkpoints_in_a_bucket() 
         pods(&ns, "s3ckpt").await.is_empty().then_some(())
     })
     .await;
-    let saved: Vec<u64> = minio
-        .objects(bucket, "runs/s3ckpt/checkpoints")
-        .iter()
-        .filter_map(|n| n.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok())
-        .collect();
+    let saved = minio.checkpoint_steps(bucket, "s3ckpt");
     let newest = saved.iter().copied().max().unwrap_or_else(|| panic!("no checkpoint in the bucket"));
     assert!(saved.len() <= 3, "the bucket keeps what the folder keeps: {saved:?}");
 
@@ -1381,12 +1391,7 @@ async fn a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     let mut low = queued(example("mnist-allreduce.yaml", "low", 200_000), "300m");
     low["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "e2e-low".into();
     low["spec"]["workers"]["groupSize"] = 2.into();
-    low["spec"]["training"]["checkpoint"] =
-        json!({"everySteps": 100, "url": format!("s3://{bucket}/runs"), "s3": {"endpoint": minio.endpoint}});
-    low["spec"]["workers"]["template"] = json!({"spec": {"containers": [{"name": "tandem", "env": [
-        {"name": "AWS_ACCESS_KEY_ID", "value": NodeMinio::USER},
-        {"name": "AWS_SECRET_ACCESS_KEY", "value": NodeMinio::SECRET},
-    ]}]}});
+    minio.checkpoint_here(&mut low, bucket);
     cluster.apply(ns.name(), &low).await.unwrap();
     wait_for("a checkpoint of the low job", JOB_DEADLINE, || async {
         let kept = minio.objects(bucket, "runs/low/checkpoints");
@@ -1407,12 +1412,7 @@ async fn a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
         pods(&ns, "low").await.is_empty().then_some(())
     })
     .await;
-    let saved: Vec<u64> = minio
-        .objects(bucket, "runs/low/checkpoints")
-        .iter()
-        .filter_map(|n| n.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?.parse().ok())
-        .collect();
-    let newest = saved.iter().copied().max().unwrap();
+    let newest = minio.checkpoint_steps(bucket, "low").into_iter().max().unwrap();
     wait_succeeded(&ns, "high").await;
 
     let log = wait_for("the low job to resume", JOB_DEADLINE, || async {
