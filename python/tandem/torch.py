@@ -61,13 +61,16 @@ __all__ = [
     "broadcast_",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ddp_comm_hook",
     "group",
     "groups",
     "init",
     "is_initialized",
+    "load_checkpoint",
     "local_rank",
     "rank",
     "report",
+    "save_checkpoint",
     "shutdown",
     "should_stop",
     "size",
@@ -379,6 +382,146 @@ def report(
         samples,
         epoch,
     )
+
+
+def ddp_comm_hook(state, bucket):  # no annotations: DDP refuses any but its own
+    """A DDP communication hook, for scripts that keep ``DistributedDataParallel``: each gradient
+    bucket is averaged over the group by Tandem's collectives instead of the process group's::
+
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        model.register_comm_hook(None, td.ddp_comm_hook)
+
+    DDP still needs its process group, for the first broadcast of the weights and its checks;
+    the gradients go through Tandem (``tcp``, with shared memory between ranks on one host).
+    ``state`` is not used. Call :func:`init` first. :func:`init` listens on rank 0's
+    ``MASTER_PORT``, so give ``init_process_group`` a rendezvous of its own
+    (``init_method="tcp://<MASTER_ADDR>:<another port>"``).
+
+    Raises:
+        NotInitializedError: before :func:`init`.
+        PeerLostError: a peer of the group died or hung.
+    """
+    buffer = bucket.buffer()
+    if buffer.dtype == torch.float32 and buffer.is_contiguous():
+        _native.allreduce_(buffer, True)
+        result = buffer
+    else:
+        staged = buffer.to(torch.float32).contiguous()
+        _native.allreduce_(staged, True)
+        result = staged.to(buffer.dtype)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result)
+    return future
+
+
+#: Name of a checkpoint file: ``step-<8 digits>.pt``.
+_CHECKPOINT = "step-{:08d}.pt"
+
+
+def _checkpoint_folder(folder: str | os.PathLike | None, call: str) -> str:
+    chosen = folder if folder is not None else os.environ.get("TANDEM_CHECKPOINT_DIR")
+    if not chosen:
+        raise ContractError(
+            f"tandem.torch.{call}(): no checkpoint folder: TANDEM_CHECKPOINT_DIR is not set (Tandem "
+            "sets it for workers.command; outside a job, pass folder=)"
+        )
+    return os.fspath(chosen)
+
+
+def _checkpoint_steps(folder: str) -> list[int]:
+    if not os.path.isdir(folder):
+        return []
+    steps = []
+    for name in os.listdir(folder):
+        if name.startswith("step-") and name.endswith(".pt") and name[5:-3].isdigit():
+            steps.append(int(name[5:-3]))
+    return sorted(steps)
+
+
+def save_checkpoint(
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    folder: str | os.PathLike | None = None,
+    keep: int = 2,
+) -> str | None:
+    """Rank 0 writes the model's (and the optimizer's) state at ``step`` to the group's checkpoint
+    folder; the other ranks return at once. Pair it with :func:`load_checkpoint`.
+
+    The file, ``step-<step>.pt``, is written under a temporary name and renamed, so a rank killed
+    while writing leaves the previous checkpoint whole; the newest ``keep`` files stay. The folder
+    is ``TANDEM_CHECKPOINT_DIR``: the group's folder on the job's output volume (on a cluster, a
+    claim keeps it across pods: ``spec.output``). With ``allreduce``, save every few steps and
+    when :func:`should_stop` says so; the parameter-server algorithms keep their state on the
+    servers and need none.
+
+    Raises:
+        ContractError: no folder (``TANDEM_CHECKPOINT_DIR`` unset and no ``folder``).
+        ValueError: ``step`` is negative or ``keep`` is below 1.
+
+    Returns:
+        The file written on rank 0; ``None`` on the others.
+    """
+    if step < 0 or keep < 1:
+        raise ValueError(
+            f"tandem.torch.save_checkpoint(): step must be >= 0 and keep >= 1, not {step} and {keep}"
+        )
+    where = _checkpoint_folder(folder, "save_checkpoint")
+    if _native.rank() != 0:
+        return None
+    os.makedirs(where, exist_ok=True)
+    path = os.path.join(where, _CHECKPOINT.format(step))
+    state = {"step": step, "model": model.state_dict()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    temporary = f"{path}.tmp"
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+    for old in _checkpoint_steps(where)[:-keep]:
+        os.remove(os.path.join(where, _CHECKPOINT.format(old)))
+    return path
+
+
+def load_checkpoint(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    folder: str | os.PathLike | None = None,
+) -> int:
+    """Resumes from the newest checkpoint of :func:`save_checkpoint`: rank 0 reads it, every rank
+    of the group takes its weights (and optimizer state), and all return its step. Every rank
+    must call it. Without a checkpoint nothing changes and it returns 0, so a script can start
+    every run with it::
+
+        start = td.load_checkpoint(model, optimizer)
+        for step in range(start + 1, steps + 1):
+            ...
+
+    Raises:
+        ContractError: no folder (``TANDEM_CHECKPOINT_DIR`` unset and no ``folder``).
+        NotInitializedError: before :func:`init`.
+        PeerLostError: a peer of the group died or hung.
+    """
+    where = _checkpoint_folder(folder, "load_checkpoint")
+    found = torch.zeros(1, dtype=torch.float64)
+    state = None
+    if _native.rank() == 0:
+        steps = _checkpoint_steps(where)
+        if steps:
+            path = os.path.join(where, _CHECKPOINT.format(steps[-1]))
+            # The job's own file (weights_only would refuse the optimizer's floats on older torch).
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            found[0] = float(state["step"]) + 1.0
+    _native.broadcast_(found, 0)
+    if found.item() == 0.0:
+        return 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        if optimizer is not None and "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+    broadcast_parameters(model.state_dict(), root_rank=0)
+    if optimizer is not None:
+        broadcast_optimizer_state(optimizer, root_rank=0)
+    return int(found.item()) - 1
 
 
 class _DistributedOptimizer:

@@ -20,6 +20,28 @@ REPO = Path(__file__).resolve().parents[2]
 # Seconds a group of test ranks may take before the test fails instead of hanging.
 RANK_TIMEOUT = 120
 
+# The start of a rank script that compares Tandem with torch.distributed's gloo DDP: the imports,
+# a small model (the same weights on every rank) and each rank's own batches.
+DDP_MODEL = """
+import json, os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import tandem.torch as td
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+        torch.nn.Linear(32, 5),
+    )
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+"""
+
 
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 now (bound to port 0, then released, as the local runner does)."""

@@ -3,7 +3,7 @@ real processes on loopback, started with the launch contract."""
 
 import pytest
 
-from conftest import all_succeeded, free_ports
+from conftest import DDP_MODEL, all_succeeded, free_ports
 
 
 def test_allreduce_and_broadcast_work_in_place_on_the_tensors_memory(group_of):
@@ -81,26 +81,10 @@ def test_broadcast_parameters_gives_every_rank_the_roots_state(group_of):
 # One script, two ways: the same model, batches and SGD with momentum trained by
 # td.DistributedOptimizer over Tandem's collectives and by torch.distributed's gloo DDP; every
 # gradient and weight is compared after each step.
-DDP_COMPARISON = """
-import json, os
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-import tandem.torch as td
-
+DDP_COMPARISON = (
+    DDP_MODEL
+    + """
 STEPS = 3
-
-def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-        torch.nn.Linear(32, 5),
-    )
-
-def batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
-
 td.init()
 rank = td.rank()
 ours = model()
@@ -141,6 +125,7 @@ for step in range(STEPS):
 json.dump({"worst": worst, "local_differs": differs}, open(os.environ["RESULT"], "w"))
 dist.destroy_process_group()
 """
+)
 
 
 def test_distributed_optimizer_steps_like_gloo_ddp(group_of):

@@ -150,6 +150,14 @@ def test_a_killed_rank_restarts_its_group_which_resumes_from_the_servers(tmp_pat
 def test_a_killed_parameter_server_resumes_from_its_checkpoint_and_the_groups_go_on(tmp_path):
     example(tmp_path)
     ps_job(tmp_path, "hybrid")
+    # Checkpoints every 50 steps (versions 100, 200, …, with two groups): the first is written
+    # well before the kill at step 100, which the default 100 would race.
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        job.read_text().replace(
+            "evalEverySteps: 100\n", "evalEverySteps: 100\n    checkpoint: {everySteps: 50}\n"
+        )
+    )
     run = tandem_train(tmp_path, "job.yaml", "--chaos", "kill:ps:0@100")
     finished = run.finished()
     restarts = [e for e in run.events if e["event"] == "restart"]
