@@ -1428,3 +1428,32 @@ async fn a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
     ns.cleanup().await.unwrap();
     kueue_drop(&cluster, &queue).await;
 }
+
+/// Issue 41, an elastic job under Kueue: scaling an admitted job changes its admitted quota. Its
+/// Workload is replaced by one of the new size, and the job runs at that size once Kueue admits it.
+#[tokio::test]
+async fn scaling_a_job_under_kueue_resubmits_it_at_the_new_size() {
+    let cluster = TestCluster::connect().await.unwrap();
+    let ns = cluster.namespace("node-kueue-scale").await.unwrap();
+    let queue = format!("e2e-{}", ns.name());
+    kueue_queue(&cluster, ns.name(), &queue, "1", false).await;
+    // 2 PS + 2 groups of 2 at 100m (600m); 4 groups are 1 CPU, still within the quota.
+    cluster.apply(ns.name(), &queued(example("mnist-hybrid.yaml", "grow", 100_000), "100m")).await.unwrap();
+    wait_training(&ns, "grow-g1-0").await;
+    kubectl(&["-n", ns.name(), "scale", "tj/grow", "--replicas=4"]);
+    let workloads = kueue_api(&cluster, Some(ns.name()), "Workload", "workloads");
+    let workers = |w: &kube::api::DynamicObject| {
+        let sets = w.data.pointer("/spec/podSets").and_then(Value::as_array).cloned().unwrap_or_default();
+        sets.iter().find(|s| s["name"] == "worker").and_then(|s| s["count"].as_u64())
+    };
+    wait_for("the Workload of 4 groups", JOB_DEADLINE, || async {
+        let w = workloads.get_opt("trainingjob-grow").await.ok()??;
+        (workers(&w) == Some(8)).then_some(())
+    })
+    .await;
+    wait_training(&ns, "grow-g3-0").await;
+    let admitted = condition_of(&ns, "grow", "Suspended", "False").await.unwrap();
+    assert_eq!(admitted["reason"], "Admitted", "{admitted}");
+    ns.cleanup().await.unwrap();
+    kueue_drop(&cluster, &queue).await;
+}
