@@ -1233,9 +1233,12 @@ async fn kueue_apply(cluster: &TestCluster, ns: Option<&str>, manifest: Value) {
     api.patch(&name, &PatchParams::apply("tandem-e2e").force(), &Patch::Apply(&manifest)).await.unwrap();
 }
 
-/// A ClusterQueue `name` with `cpu` of quota in flavour `name` (whose node label and toleration
-/// every admitted pod must carry), and LocalQueue `queue` in `ns` pointing at it.
-async fn kueue_queue(cluster: &TestCluster, ns: &str, name: &str, cpu: &str, preempt: bool) {
+/// A ClusterQueue with `cpu` of quota in a flavour of the same name, `e2e-<namespace>` (whose
+/// node label and toleration every admitted pod must carry), and LocalQueue `queue` in `ns`
+/// pointing at it; returns that name.
+async fn kueue_queue(cluster: &TestCluster, ns: &TestNamespace, cpu: &str, preempt: bool) -> String {
+    let name = format!("e2e-{}", ns.name());
+    let name = name.as_str();
     kueue_apply(cluster, None, json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": name},
         "spec": {"nodeLabels": {"kubernetes.io/hostname": "tandem-node"},
@@ -1252,13 +1255,14 @@ async fn kueue_queue(cluster: &TestCluster, ns: &str, name: &str, cpu: &str, pre
     .await;
     kueue_apply(
         cluster,
-        Some(ns),
+        Some(ns.name()),
         json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "queue"},
             "spec": {"clusterQueue": name},
         }),
     )
     .await;
+    name.to_owned()
 }
 
 /// Deletes the cluster-scoped Kueue objects of [`kueue_queue`] (the namespace's go with it).
@@ -1300,8 +1304,7 @@ async fn reserving(cluster: &TestCluster, name: &str) -> Option<u64> {
 async fn kueue_admits_a_second_job_when_the_first_releases_its_quota_after_success_and_failure() {
     let cluster = TestCluster::connect().await.unwrap();
     let ns = cluster.namespace("node-kueue").await.unwrap();
-    let queue = format!("e2e-{}", ns.name());
-    kueue_queue(&cluster, ns.name(), &queue, "1", false).await;
+    let queue = kueue_queue(&cluster, &ns, "1", false).await;
     // 2 PS + 2 groups of 2 at 100m: 600m; two such jobs do not fit in 1 CPU.
     cluster.apply(ns.name(), &queued(example("mnist-hybrid.yaml", "first", 300), "100m")).await.unwrap();
     let ps = wait_for("the first job's pods", JOB_DEADLINE, || pod(&ns, "first-ps-0")).await;
@@ -1373,8 +1376,7 @@ async fn kueue_admits_a_second_job_when_the_first_releases_its_quota_after_succe
 async fn a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_checkpoint() {
     let cluster = TestCluster::connect().await.unwrap();
     let ns = cluster.namespace("node-kueue-preempt").await.unwrap();
-    let queue = format!("e2e-{}", ns.name());
-    kueue_queue(&cluster, ns.name(), &queue, "1", true).await;
+    let queue = kueue_queue(&cluster, &ns, "1", true).await;
     for (name, value) in [("e2e-low", 100), ("e2e-high", 1000)] {
         kueue_apply(
             &cluster,
@@ -1435,8 +1437,7 @@ async fn a_higher_priority_job_preempts_a_running_one_which_resumes_from_its_che
 async fn scaling_a_job_under_kueue_resubmits_it_at_the_new_size() {
     let cluster = TestCluster::connect().await.unwrap();
     let ns = cluster.namespace("node-kueue-scale").await.unwrap();
-    let queue = format!("e2e-{}", ns.name());
-    kueue_queue(&cluster, ns.name(), &queue, "1", false).await;
+    let queue = kueue_queue(&cluster, &ns, "1", false).await;
     // 2 PS + 2 groups of 2 at 100m (600m); 4 groups are 1 CPU, still within the quota.
     cluster.apply(ns.name(), &queued(example("mnist-hybrid.yaml", "grow", 100_000), "100m")).await.unwrap();
     wait_training(&ns, "grow-g1-0").await;

@@ -909,6 +909,11 @@ async fn create_pod(
     }
 }
 
+/// The Workloads of `job`'s namespace.
+fn workload_api(job: &ValidatedJob<'_>, ctx: &Context) -> Api<DynamicObject> {
+    Api::namespaced_with(ctx.client.clone(), job.namespace, &kueue::workload_resource())
+}
+
 /// Where `job` stands in Kueue, for a job labelled with a queue (`None` otherwise). Its Workload
 /// is created when missing and replaced when the job no longer matches it (scaled); an evicted
 /// Workload whose pods are all gone gets its reservation cleared, so that Kueue queues it again.
@@ -921,8 +926,7 @@ async fn kueue_admission(
     if job.job.status.as_ref().and_then(|s| s.phase).is_some_and(JobPhase::is_finished) {
         return Ok(None);
     }
-    let api =
-        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), job.namespace, &kueue::workload_resource());
+    let api = workload_api(job, ctx);
     let name = kueue::workload_name(job.name);
     let failed = |what: &str| {
         let what = format!("{what} Workload {}/{name}", job.namespace);
@@ -1014,8 +1018,7 @@ async fn finish_workload(
     if kueue::queue_name(job).is_none() {
         return Ok(());
     }
-    let api =
-        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), job.namespace, &kueue::workload_resource());
+    let api = workload_api(job, ctx);
     let name = kueue::workload_name(job.name);
     let what = format!("marking Workload {}/{name} finished", job.namespace);
     let workload = match api.get_opt(&name).await {

@@ -67,11 +67,10 @@ pub fn workload_name(job: &str) -> String {
     format!("trainingjob-{job}")
 }
 
-/// A pod set of the Workload: its name, pod count and the role whose pod is its template.
+/// A pod set of the Workload: its pod count and the role whose pod is its template (its name is
+/// the role's, [`pod_set_of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PodSet {
-    /// `ps`, `worker` or `launcher`.
-    pub name: &'static str,
     /// Pods of the set.
     pub count: u32,
     /// A role of the set (every pod of a set asks for the same resources).
@@ -83,15 +82,11 @@ pub fn pod_sets(job: &ValidatedJob<'_>) -> Vec<PodSet> {
     let spec = job.spec;
     let mut sets = Vec::new();
     if spec.parameter_servers.replicas > 0 {
-        sets.push(PodSet { name: "ps", count: spec.parameter_servers.replicas, role: Role::Ps { index: 0 } });
+        sets.push(PodSet { count: spec.parameter_servers.replicas, role: Role::Ps { index: 0 } });
     }
-    sets.push(PodSet {
-        name: "worker",
-        count: spec.workers.ranks(),
-        role: Role::Worker { group: 0, rank: 0 },
-    });
+    sets.push(PodSet { count: spec.workers.ranks(), role: Role::Worker { group: 0, rank: 0 } });
     if spec.workers.backend == Backend::Mpi {
-        sets.push(PodSet { name: "launcher", count: spec.workers.groups, role: Role::Launcher { group: 0 } });
+        sets.push(PodSet { count: spec.workers.groups, role: Role::Launcher { group: 0 } });
     }
     sets
 }
@@ -135,7 +130,7 @@ pub fn workload(job: &ValidatedJob<'_>, queue: &str, priority: Option<&Priority>
                 metadata: Some(ObjectMeta { labels: pod.metadata.labels.clone(), ..ObjectMeta::default() }),
                 spec: pod.spec,
             };
-            serde_json::json!({ "name": set.name, "count": set.count, "template": template })
+            serde_json::json!({ "name": pod_set_of(set.role), "count": set.count, "template": template })
         })
         .collect();
     let mut spec = serde_json::json!({ "queueName": queue, "podSets": pod_sets, "active": true });
@@ -169,7 +164,7 @@ pub fn matches(workload: &DynamicObject, job: &ValidatedJob<'_>) -> bool {
         .map(|s| (s["name"].as_str().unwrap_or_default().to_owned(), s["count"].as_u64().unwrap_or(0)))
         .collect();
     let want: Vec<(String, u64)> =
-        pod_sets(job).into_iter().map(|s| (s.name.to_owned(), u64::from(s.count))).collect();
+        pod_sets(job).into_iter().map(|s| (pod_set_of(s.role).to_owned(), u64::from(s.count))).collect();
     have == want
 }
 
@@ -302,6 +297,20 @@ pub enum Admission {
     },
 }
 
+/// The part of `workload`'s status the operator reads (empty before Kueue wrote any).
+fn status_of(workload: &DynamicObject) -> WorkloadStatus {
+    serde_json::from_value(workload.data["status"].clone()).unwrap_or_default()
+}
+
+/// Appends each of `more` to `tolerations` that is not there yet.
+fn add_tolerations(tolerations: &mut Vec<Toleration>, more: &[Toleration]) {
+    for t in more {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+}
+
 fn condition<'s>(status: &'s WorkloadStatus, type_: &str) -> Option<&'s WorkloadCondition> {
     status.conditions.iter().find(|c| c.type_ == type_)
 }
@@ -312,7 +321,7 @@ fn is_true(status: &WorkloadStatus, type_: &str) -> bool {
 
 /// Names of the ResourceFlavors an admitted Workload uses.
 pub fn flavors_used(workload: &DynamicObject) -> Vec<String> {
-    let status: WorkloadStatus = serde_json::from_value(workload.data["status"].clone()).unwrap_or_default();
+    let status = status_of(workload);
     let mut names: Vec<String> = status
         .admission
         .iter()
@@ -326,7 +335,7 @@ pub fn flavors_used(workload: &DynamicObject) -> Vec<String> {
 
 /// Reads `workload`'s status; `flavors` gives the ResourceFlavors by name (see [`flavors_used`]).
 pub fn admission(workload: &DynamicObject, flavors: &BTreeMap<String, Flavor>) -> Admission {
-    let status: WorkloadStatus = serde_json::from_value(workload.data["status"].clone()).unwrap_or_default();
+    let status = status_of(workload);
     if let Some(evicted) = condition(&status, "Evicted").filter(|c| c.status == "True")
         && status.admission.is_some()
     {
@@ -352,11 +361,7 @@ pub fn admission(workload: &DynamicObject, flavors: &BTreeMap<String, Flavor>) -
         used.dedup();
         for flavor in used.into_iter().filter_map(|name| flavors.get(name)) {
             entry.node_selector.extend(flavor.node_labels.clone());
-            for t in &flavor.tolerations {
-                if !entry.tolerations.contains(t) {
-                    entry.tolerations.push(t.clone());
-                }
-            }
+            add_tolerations(&mut entry.tolerations, &flavor.tolerations);
         }
     }
     for update in status.admission_checks.iter().flat_map(|c| c.pod_set_updates.iter()) {
@@ -364,18 +369,14 @@ pub fn admission(workload: &DynamicObject, flavors: &BTreeMap<String, Flavor>) -
         entry.node_selector.extend(update.node_selector.clone());
         entry.labels.extend(update.labels.clone());
         entry.annotations.extend(update.annotations.clone());
-        for t in &update.tolerations {
-            if !entry.tolerations.contains(t) {
-                entry.tolerations.push(t.clone());
-            }
-        }
+        add_tolerations(&mut entry.tolerations, &update.tolerations);
     }
     Admission::Admitted { cluster_queue: admission.cluster_queue.clone(), placement }
 }
 
 /// Whether Kueue marked `workload` finished.
 pub fn finished(workload: &DynamicObject) -> bool {
-    let status: WorkloadStatus = serde_json::from_value(workload.data["status"].clone()).unwrap_or_default();
+    let status = status_of(workload);
     is_true(&status, "Finished")
 }
 
@@ -394,11 +395,7 @@ pub fn place(pod: &mut Pod, role: Role, placement: &Placement) {
         spec.node_selector.get_or_insert_with(BTreeMap::new).extend(set.node_selector.clone());
     }
     let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
-    for t in &set.tolerations {
-        if !tolerations.contains(t) {
-            tolerations.push(t.clone());
-        }
-    }
+    add_tolerations(tolerations, &set.tolerations);
     if tolerations.is_empty() {
         spec.tolerations = None;
     }
