@@ -90,6 +90,20 @@ fn allreduce_(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> PyRes
     tensor::allreduce(py, tensor, average)
 }
 
+/// Averages (or sums) a contiguous float32 CPU tensor over the group, leaving only this rank's
+/// block reduced in place (the rest unspecified); returns the block as `(start, end)`.
+#[pyfunction]
+#[pyo3(signature = (tensor, average = true))]
+fn reduce_scatter_(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> PyResult<(usize, usize)> {
+    tensor::reduce_scatter(py, tensor, average)
+}
+
+/// Gathers every rank's block of a contiguous float32 CPU tensor into every rank's, in place.
+#[pyfunction]
+fn allgather_(py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
+    tensor::allgather(py, tensor)
+}
+
 /// Copies rank `root_rank`'s contiguous CPU tensor, of any dtype, into every rank's, in place.
 #[pyfunction]
 fn broadcast_(py: Python<'_>, tensor: &Bound<'_, PyAny>, root_rank: usize) -> PyResult<()> {
@@ -173,6 +187,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(algorithm, m)?)?;
     m.add_function(wrap_pyfunction!(job_name, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_, m)?)?;
+    m.add_function(wrap_pyfunction!(reduce_scatter_, m)?)?;
+    m.add_function(wrap_pyfunction!(allgather_, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast_, m)?)?;
     m.add_function(wrap_pyfunction!(barrier, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;

@@ -132,6 +132,27 @@ pub fn allreduce(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> Py
     session::with_comm(py, "allreduce_", move |comm| comm.allreduce(unsafe { words.slice() }, op))
 }
 
+/// `reduce_scatter_`: average (or sum) over the group, leaving this rank's block
+/// ([`tandem_comm::block_range`]) reduced in place; returns that block as `(start, end)`. The rest
+/// of the tensor is unspecified afterwards.
+pub fn reduce_scatter(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> PyResult<(usize, usize)> {
+    let words = floats(tensor, "reduce_scatter_")?;
+    let op = if average { ReduceOp::Average } else { ReduceOp::Sum };
+    // SAFETY: `words` is the checked memory of `tensor`, which the caller holds for this call.
+    let block = session::with_comm(py, "reduce_scatter_", move |comm| {
+        comm.reduce_scatter(unsafe { words.slice() }, op)
+    })?;
+    Ok((block.start, block.end))
+}
+
+/// `allgather_`: every rank's block ([`tandem_comm::block_range`]) of the tensor into every
+/// rank's, in place.
+pub fn allgather(py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
+    let words = floats(tensor, "allgather_")?;
+    // SAFETY: `words` is the checked memory of `tensor`, which the caller holds for this call.
+    session::with_comm(py, "allgather_", move |comm| comm.allgather(unsafe { words.slice() }))
+}
+
 /// `broadcast_`: rank `root`'s tensor into every rank's, in place, for any dtype.
 pub fn broadcast(py: Python<'_>, tensor: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
     let size = session::with_info("broadcast_", |i| i.size as usize)?;

@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -283,12 +284,37 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     Every rank's optimizer must be of one class over the same parameters. A rank whose state has
     other entries than the root's (an optimizer that has stepped on some ranks only) first takes
     the root's layout, so the call works right after a checkpoint is loaded on the root alone.
+    A sharded :func:`DistributedOptimizer` takes the whole state the root loaded, or, when the
+    root loaded none since its last step, the group's current state (each rank keeps its block).
 
     Raises:
         NotInitializedError: before :func:`init`.
         PeerLostError: a peer of the group died or hung.
     """
-    state = optimizer.state_dict()
+    state = _shareable_state(optimizer, root_rank)
+    _broadcast_state(state, root_rank)
+    optimizer.load_state_dict(state)
+
+
+def _shareable_state(optimizer: torch.optim.Optimizer, root_rank: int) -> dict:
+    """The ``state_dict()`` that :func:`broadcast_optimizer_state` sends from the root; for a
+    sharded optimizer, the whole state the root loaded (if it did since its last step) or the
+    group's gathered state (collective either way)."""
+    if not (isinstance(optimizer, _DistributedOptimizer) and optimizer._tandem_shard):
+        return optimizer.state_dict()
+    loaded = optimizer._tandem_loaded if _native.rank() == root_rank else None
+    flag = torch.tensor([0.0 if loaded is None else 1.0], dtype=torch.float32)
+    _native.broadcast_(flag, root_rank)
+    if flag.item() == 0.0:
+        return optimizer.state_dict()
+    if loaded is not None:
+        return loaded
+    # Not the root: the groups and no state; the root's state fills it.
+    return optimizer._tandem_state_dict_of({})
+
+
+def _broadcast_state(state: dict, root_rank: int) -> None:
+    """Makes ``state`` (an optimizer ``state_dict()``) the root's, in place."""
     layout = _state_layout(state)
     # The root's layout, as JSON bytes, so every rank knows which tensors follow.
     encoded = torch.tensor(list(json.dumps(layout).encode()), dtype=torch.uint8)
@@ -322,7 +348,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
                     entry[key] = int(value.item()) if kind == "int" else value.item()
         for pid in [p for p in entries if p not in {q for q, _ in root_layout["state"]}]:
             del entries[pid]
-    optimizer.load_state_dict(state)
 
 
 def _state_layout(state: dict) -> dict:
@@ -446,7 +471,8 @@ def save_checkpoint(
     keep: int = 2,
 ) -> str | None:
     """Rank 0 writes the model's (and the optimizer's) state at ``step`` to the group's checkpoint
-    folder; the other ranks return at once. Pair it with :func:`load_checkpoint`.
+    folder. Every rank calls it: a sharded :func:`DistributedOptimizer`'s state is gathered from
+    the group first; the other ranks then return. Pair it with :func:`load_checkpoint`.
 
     The file, ``step-<step>.pt``, is written under a temporary name and renamed, so a rank killed
     while writing leaves the previous checkpoint whole; the newest ``keep`` files stay. The folder
@@ -467,13 +493,15 @@ def save_checkpoint(
             f"tandem.torch.save_checkpoint(): step must be >= 0 and keep >= 1, not {step} and {keep}"
         )
     where = _checkpoint_folder(folder, "save_checkpoint")
+    # A sharded optimizer's state is gathered from the whole group, so every rank takes part.
+    optimizer_state = optimizer.state_dict() if optimizer is not None else None
     if _native.rank() != 0:
         return None
     os.makedirs(where, exist_ok=True)
     path = os.path.join(where, _CHECKPOINT.format(step))
     state = {"step": step, "model": model.state_dict()}
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
+    if optimizer_state is not None:
+        state["optimizer"] = optimizer_state
     temporary = f"{path}.tmp"
     torch.save(state, temporary)
     os.replace(temporary, path)
@@ -524,6 +552,59 @@ def load_checkpoint(
     return int(found.item()) - 1
 
 
+# torch.optim's optimizers whose update of an element reads only that element's gradient, state
+# and the group's settings: run on a block of the flat vector, they update it exactly as on the
+# whole (what lets `allreduce` shard them).
+_ELEMENTWISE = tuple(
+    cls
+    for cls in (
+        getattr(torch.optim, name, None)
+        for name in (
+            "SGD",
+            "Adam",
+            "AdamW",
+            "Adamax",
+            "Adagrad",
+            "Adadelta",
+            "RMSprop",
+            "NAdam",
+            "RAdam",
+            "Rprop",
+            "ASGD",
+        )
+    )
+    if cls is not None
+)
+
+
+def _block(total: int, size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s block of a flat vector of ``total`` elements in reduce-scatter and
+    allgather: Tandem's ``block_range`` (contiguous, in rank order, the first ``total % size``
+    blocks one element longer)."""
+    base, extra = divmod(total, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+class _Shard:
+    """This rank's block of one parameter group's stretch of the flat vector, as the parameter
+    the optimizer steps in its place: a view of the flat weights, its gradient a view of the flat
+    gradients (empty where the block misses the group)."""
+
+    def __init__(
+        self, weights: torch.Tensor, grads: torch.Tensor, group: tuple[int, int], block: tuple[int, int]
+    ):
+        self.group_start, group_end = group
+        self.start = min(max(block[0], self.group_start), group_end)
+        self.end = max(self.start, min(block[1], group_end))
+        self.param = torch.nn.Parameter(weights[self.start : self.end])
+        self.param.grad = grads[self.start : self.end]
+
+    def within(self) -> slice:
+        """Where the block lies in the group's stretch."""
+        return slice(self.start - self.group_start, self.end - self.group_start)
+
+
 class _DistributedOptimizer:
     """The methods :func:`DistributedOptimizer` mixes into a copy of the wrapped optimizer."""
 
@@ -532,6 +613,10 @@ class _DistributedOptimizer:
     _tandem_flat: torch.Tensor
     _tandem_weights: torch.Tensor | None
     _tandem_kind: str | None
+    _tandem_shard: bool
+    _tandem_shards: list[_Shard]
+    _tandem_block: tuple[int, int]
+    _tandem_loaded: dict | None
     _tandem_step: int
     _tandem_synchronized: bool
 
@@ -563,15 +648,22 @@ class _DistributedOptimizer:
         self._tandem_flat = flat
         self._tandem_views = views
         self._tandem_weights = None
+        self._tandem_shards = []
+        self._tandem_loaded = None
         self._tandem_step = 0
         self._tandem_synchronized = False
+        if self._tandem_kind is not None or self._tandem_shard:
+            self._tandem_flatten_weights()
         if self._tandem_kind is not None:
-            self._tandem_join_servers()
+            # The group takes the servers' weights and continues at their step.
+            self._tandem_step = _native.ps_start(self._tandem_weights)
+        if self._tandem_shard:
+            self._tandem_make_shards()
 
     @torch.no_grad()
-    def _tandem_join_servers(self) -> None:
-        """Makes the parameters views of one flat weight buffer, which the parameter servers'
-        weights then fill (the group starts from them, at the step the servers recorded)."""
+    def _tandem_flatten_weights(self) -> None:
+        """Makes the parameters views of one flat weight buffer (which the parameter servers'
+        weights fill, and which the group's allgather shares)."""
         weights = torch.empty_like(self._tandem_flat)
         offset = 0
         for p in self._tandem_params:
@@ -579,8 +671,125 @@ class _DistributedOptimizer:
             view.copy_(p)
             p.data = view
             offset += p.numel()
-        self._tandem_step = _native.ps_start(weights)
         self._tandem_weights = weights
+
+    def _tandem_make_shards(self) -> None:
+        """Gives every parameter group this rank's block of its stretch of the flat vector, and
+        turns any state the optimizer already holds into the blocks' state."""
+        weights = self._tandem_weights
+        assert weights is not None
+        self._tandem_block = _block(self._tandem_flat.numel(), _native.size(), _native.rank())
+        offset = 0
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            length = sum(p.numel() for p in group["params"])
+            shard = _Shard(weights, self._tandem_flat, (offset, offset + length), self._tandem_block)
+            self._tandem_shards.append(shard)
+            offset += length
+        self.state = self._tandem_shard_state(self.state)  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def _tandem_shard_state(self, whole: Mapping[torch.Tensor, dict]) -> defaultdict:
+        """The blocks' state from the state of whole parameters: each elementwise tensor (one of
+        its parameter's shape) cut to the block, other entries (step counts) as they are."""
+        state: defaultdict = defaultdict(dict)
+        for shard, group in zip(self._tandem_shards, self.param_groups, strict=True):  # type: ignore[attr-defined]
+            entry: dict = {}
+            pieces: dict[str, torch.Tensor] = {}
+            offset = shard.group_start
+            for p in group["params"]:
+                for key, value in whole.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                        if key not in pieces:
+                            pieces[key] = torch.zeros(shard.end - shard.start, dtype=value.dtype)
+                        lo, hi = max(offset, shard.start), min(offset + p.numel(), shard.end)
+                        if lo < hi:
+                            pieces[key][lo - shard.start : hi - shard.start] = value.reshape(-1)[
+                                lo - offset : hi - offset
+                            ]
+                    elif key not in entry:
+                        entry[key] = value.clone() if isinstance(value, torch.Tensor) else value
+                offset += p.numel()
+            entry.update(pieces)
+            if entry:
+                state[shard.param] = entry
+        return state
+
+    @torch.no_grad()
+    def _tandem_whole_state(self) -> defaultdict:
+        """The state of whole parameters, gathered from every rank's blocks (collective): each
+        entry has one owner, so a sum over the group puts it together exactly."""
+        shards = self._tandem_shards
+        mine = [self.state.get(s.param, {}) for s in shards]  # type: ignore[attr-defined]
+        keys = [
+            sorted(k for k, v in entry.items() if isinstance(v, torch.Tensor) and v.shape == s.param.shape)
+            for s, entry in zip(shards, mine, strict=True)
+        ]
+        # Every rank must gather the same entries; a rank that loaded or stepped alone has others.
+        counts = torch.tensor([float(len(k)) for k in keys] + [1.0], dtype=torch.float32)
+        agreed = counts.clone()
+        _native.allreduce_(agreed, False)
+        if not torch.equal(agreed, counts * agreed[-1]):
+            raise ValueError(
+                "tandem.torch.DistributedOptimizer.state_dict(): the ranks' optimizer states differ "
+                "(a state loaded or stepped on some ranks only); load it on every rank, or on the root "
+                "followed by td.broadcast_optimizer_state(optimizer)"
+            )
+        whole: defaultdict = defaultdict(dict)
+        for shard, group, entry, names in zip(shards, self.param_groups, mine, keys, strict=True):  # type: ignore[attr-defined]
+            length = sum(p.numel() for p in group["params"])
+            gathered = {}
+            for key in names:
+                buffer = torch.zeros(length, dtype=torch.float32)
+                buffer[shard.within()] = entry[key].float()
+                _native.allreduce_(buffer, False)
+                gathered[key] = buffer.to(entry[key].dtype)
+            offset = 0
+            for p in group["params"]:
+                whole_entry = {
+                    k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                    for k, v in entry.items()
+                    if k not in names
+                }
+                for key in names:
+                    whole_entry[key] = gathered[key][offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+                if whole_entry:
+                    whole[p] = whole_entry
+        return whole
+
+    def _tandem_state_dict_of(self, whole: Mapping[torch.Tensor, dict]) -> dict:
+        """The optimizer's own ``state_dict()`` format for the state of whole parameters."""
+        kept = self.state  # type: ignore[attr-defined]
+        self.state = defaultdict(dict, whole)  # type: ignore[attr-defined]
+        try:
+            return super().state_dict()  # type: ignore[misc]
+        finally:
+            self.state = kept  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict:
+        """The optimizer's state in its own class's format. Sharded (see
+        :func:`DistributedOptimizer`): gathered from every rank's block, so every rank of the group
+        must call it (:func:`save_checkpoint` does)."""
+        if not self._tandem_shard:
+            return super().state_dict()  # type: ignore[misc]
+        try:
+            whole = self._tandem_whole_state()
+        except CommunicationError as e:
+            if type(e) is not CommunicationError:  # a lost peer stays a PeerLostError
+                raise
+            raise CommunicationError(
+                f"{e}. A sharded DistributedOptimizer's state_dict() gathers the blocks from the group: "
+                "call it on every rank (td.save_checkpoint does), or wrap the optimizer with shard=False"
+            ) from e
+        return self._tandem_state_dict_of(whole)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads a state of the optimizer's own format. Sharded: each rank keeps its block of it,
+        so every rank loads it, or the root alone followed by :func:`broadcast_optimizer_state`."""
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if self._tandem_shard:
+            self.state = self._tandem_shard_state(self.state)  # type: ignore[attr-defined]
+            self._tandem_loaded = state_dict
 
     @torch.no_grad()
     def _tandem_gather(self) -> None:
@@ -623,15 +832,21 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         """Runs one step of the job's algorithm. A ``closure`` runs first, with gradients enabled.
 
-        - ``allreduce``: averages the gradients over the group (unless :meth:`synchronize` just
-          did), then runs the wrapped optimizer's step on every rank.
+        - ``allreduce``, sharded (PCL-DNN): a reduce-scatter averages the gradients over the group,
+          leaving each rank its block of the flat vector averaged (or :meth:`synchronize` averaged
+          them all); each rank runs the wrapped optimizer on its block alone, and an allgather
+          gives every rank the new weights. Afterwards a rank's ``.grad`` holds the average only in
+          its own block: call :meth:`synchronize` before ``step()`` to read or edit whole averaged
+          gradients.
+        - ``allreduce``, not sharded: averages the gradients over the group (unless
+          :meth:`synchronize` just did), then runs the wrapped optimizer's step on every rank.
         - ``ps-sync``, ``ps-async``, ``hybrid``: averages the gradients over the group, each rank
           pushes its block of them to the parameter servers, which run ``training.optimizer``
           and its schedule, and pulls the new weights back; the group shares them. The wrapped
           optimizer's own update is not run.
-        - ``easgd``: averages the gradients over the group and runs the wrapped optimizer's step
-          on every rank; every ``training.easgd.tau`` steps the group's weights and the servers'
-          centre move towards each other by ``alpha`` of their difference.
+        - ``easgd``: the group's step as in ``allreduce`` (sharded or not); every
+          ``training.easgd.tau`` steps the group's weights and the servers' centre move towards
+          each other by ``alpha`` of their difference.
         """
         loss = None
         if closure is not None:
@@ -642,16 +857,42 @@ class _DistributedOptimizer:
             self._tandem_check_weights()
             self._tandem_gather()
             _native.ps_push_pull(self._tandem_step, self._tandem_weights, self._tandem_flat)
+        elif self._tandem_shard:
+            self._tandem_check_weights()
+            self._tandem_gather()
+            if not self._tandem_synchronized:
+                block = tuple(_native.reduce_scatter_(self._tandem_flat, True))
+                if block != self._tandem_block:
+                    raise CommunicationError(
+                        f"tandem.torch.DistributedOptimizer.step(): the reduce-scatter gave this rank "
+                        f"elements {block}, not its block {self._tandem_block}; report this as a bug"
+                    )
+            self._tandem_shard_step()
+            _native.allgather_(self._tandem_weights)
         else:
             if not self._tandem_synchronized:
                 self.synchronize()
             super().step()  # type: ignore[misc]
-            if kind == "elastic":
-                self._tandem_check_weights()
-                _native.ps_elastic(self._tandem_step, self._tandem_weights)
+        if kind == "elastic":
+            self._tandem_check_weights()
+            _native.ps_elastic(self._tandem_step, self._tandem_weights)
+        self._tandem_loaded = None
         self._tandem_synchronized = False
         self._tandem_step += 1
         return loss
+
+    def _tandem_shard_step(self) -> None:
+        """The wrapped optimizer's own step over this rank's blocks alone, with each parameter
+        group's current settings (a scheduler's ``lr``)."""
+        groups = self.param_groups  # type: ignore[attr-defined]
+        self.param_groups = [  # type: ignore[attr-defined]
+            {**group, "params": [shard.param]}
+            for group, shard in zip(groups, self._tandem_shards, strict=True)
+        ]
+        try:
+            super().step()  # type: ignore[misc]
+        finally:
+            self.param_groups = groups  # type: ignore[attr-defined]
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zeroes the gradients in place. They stay views of the flat buffer: ``set_to_none`` is
@@ -665,6 +906,7 @@ class _DistributedOptimizer:
 def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    shard: bool | None = None,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that its ``step()`` trains the group together, as the job's
     ``training.algorithm`` says.
@@ -672,8 +914,18 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     The gradients of all parameters live in one contiguous float32 buffer (each parameter's
     ``.grad`` is a view into it), which the collectives and the parameter-server client read
     without a copy; :meth:`step` says what each algorithm does with it. With ``allreduce``
-    every rank applies the same update, so the weights stay equal on all ranks (start them
-    equal with :func:`broadcast_parameters`).
+    every rank ends each step with the same weights (start them equal with
+    :func:`broadcast_parameters`).
+
+    Sharded, as ``tandem worker`` runs ``allreduce`` and ``easgd`` (PCL-DNN): the parameters
+    become views of one flat weight buffer, each rank keeps the optimizer state (momentum, Adam's
+    moments) of its block of it alone and updates only that block, and an allgather shares the
+    weights — a group of N ranks holds 1/N of the state each and spends 1/N of the optimizer's
+    time. It needs an elementwise optimizer, so by default torch.optim's ``SGD``, ``Adam``,
+    ``AdamW``, ``Adamax``, ``Adagrad``, ``Adadelta``, ``RMSprop``, ``NAdam``, ``RAdam``,
+    ``Rprop`` and ``ASGD`` are sharded and any other class (LARS, LAMB, a subclass) runs whole
+    on every rank. ``state_dict()`` then gathers the blocks, so every rank calls it (as
+    :func:`save_checkpoint` and :func:`broadcast_optimizer_state` do).
 
     In the parameter-server algorithms the parameters also become views of one flat weight
     buffer, and wrapping joins the servers (collective: every rank of the group wraps its
@@ -689,6 +941,10 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
         optimizer: the optimizer to wrap, over CPU float32 parameters.
         named_parameters: ``model.named_parameters()``, to name parameters in errors; every
             parameter of the optimizer must be among them.
+        shard: in ``allreduce`` and ``easgd``, whether to shard the optimizer (above): ``None``
+            decides by its class, ``True`` asserts it is elementwise, ``False`` runs it whole.
+            The parameter servers run the optimizer in the other algorithms, so there it must be
+            ``None``.
 
     Raises:
         NotInitializedError: before :func:`init`.
@@ -697,9 +953,19 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
             ``training.steps``).
         PeerLostError: a parameter server or a peer of the group could not be reached.
         TypeError: a parameter is not float32.
-        ValueError: a parameter is not on the CPU, or not among ``named_parameters``.
+        ValueError: a parameter is not on the CPU, or not among ``named_parameters``, or
+            ``shard`` is given where the parameter servers run the optimizer.
     """
     kind = _native.ps_kind()
+    if kind == "gradients":
+        if shard is not None:
+            raise ValueError(
+                f"tandem.torch.DistributedOptimizer: shard={shard} has no effect in {_native.algorithm()}, "
+                "where the parameter servers run training.optimizer; leave it out"
+            )
+        shard = False
+    elif shard is None:
+        shard = type(optimizer) in _ELEMENTWISE
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("tandem.torch.DistributedOptimizer: this optimizer is already wrapped")
     params: list[torch.Tensor] = []
@@ -726,5 +992,6 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._tandem_params = params
     wrapped._tandem_kind = kind
+    wrapped._tandem_shard = bool(shard)
     wrapped._tandem_attach(names)
     return wrapped

@@ -1,6 +1,7 @@
 """The checkpoint helpers and the DDP communication hook of tandem.torch, on real ranks."""
 
 import pytest
+import torch
 
 from conftest import DDP_MODEL, all_succeeded, free_ports
 
@@ -120,3 +121,58 @@ dist.destroy_process_group()
     for r in ranks:
         assert r.result["worst"] < 1e-6, (r.rank, r.result)
         assert r.result["local_differs"] > 1e-3, "the hook averaged nothing"
+
+
+# A sharded DistributedOptimizer (Adam over two parameter groups; three ranks, so the blocks cut
+# the groups at other places) trains to $STOP, saving at step 3; it starts from $SEED's weights
+# unless a checkpoint says otherwise.
+SHARDED_RESUME = """
+import json, os
+import torch
+import torch.nn.functional as F
+import tandem.torch as td
+
+td.init()
+torch.manual_seed(int(os.environ["SEED"]))
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+td.broadcast_parameters(model.state_dict())
+params = list(model.parameters())
+adam = torch.optim.Adam([{"params": params[:1]}, {"params": params[1:], "lr": 0.05}], lr=0.02)
+opt = td.DistributedOptimizer(adam, named_parameters=model.named_parameters())
+assert opt._tandem_shard
+start = td.load_checkpoint(model, opt)
+for step in range(start + 1, int(os.environ["STOP"]) + 1):
+    g = torch.Generator().manual_seed(100 * step + td.rank())
+    x, y = torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    if step == 3:
+        td.save_checkpoint(step, model, opt)
+json.dump({"start": start, "weights": [p.detach().flatten().tolist() for p in model.parameters()]},
+          open(os.environ["RESULT"], "w"))
+"""
+
+
+def test_a_sharded_optimizer_resumes_from_a_checkpoint_as_if_never_stopped(group_of, tmp_path):
+    group = group_of(3)
+    through = group.run(
+        SHARDED_RESUME, {"TANDEM_CHECKPOINT_DIR": str(tmp_path / "a"), "SEED": "0", "STOP": "6"}
+    )
+    all_succeeded(through)
+    stopped = group.run(
+        SHARDED_RESUME, {"TANDEM_CHECKPOINT_DIR": str(tmp_path / "b"), "SEED": "0", "STOP": "3"}
+    )
+    all_succeeded(stopped)
+    # The checkpoint holds the whole Adam state, gathered from the three blocks.
+    saved = torch.load(tmp_path / "b" / "step-00000003.pt", weights_only=False)["optimizer"]
+    assert sorted(saved["state"]) == [0, 1, 2, 3]
+    assert all(e["exp_avg"].abs().sum() > 0 for e in saved["state"].values()), saved["state"]
+    resumed = group.run(
+        SHARDED_RESUME, {"TANDEM_CHECKPOINT_DIR": str(tmp_path / "b"), "SEED": "9", "STOP": "6"}
+    )
+    all_succeeded(resumed)
+    for a, b in zip(through, resumed, strict=True):
+        assert (a.result["start"], b.result["start"]) == (0, 3)
+        for x, y in zip(a.result["weights"], b.result["weights"], strict=True):
+            assert x == pytest.approx(y, abs=1e-6), "the resumed run took other steps"

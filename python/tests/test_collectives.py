@@ -1,6 +1,8 @@
 """Tensor collectives and the DistributedOptimizer of tandem.torch, against real PyTorch: ranks are
 real processes on loopback, started with the launch contract."""
 
+import json
+
 import pytest
 
 from conftest import DDP_MODEL, all_succeeded, free_ports
@@ -78,26 +80,38 @@ def test_broadcast_parameters_gives_every_rank_the_roots_state(group_of):
     assert ranks[0].result["1.num_batches_tracked"] == 42
 
 
-# One script, two ways: the same model, batches and SGD with momentum trained by
-# td.DistributedOptimizer over Tandem's collectives and by torch.distributed's gloo DDP; every
-# gradient and weight is compared after each step.
+# One script, two ways: the same model, batches and optimizer trained by td.DistributedOptimizer
+# over Tandem's collectives and by torch.distributed's gloo DDP; every weight is compared after
+# each step, and every gradient where the rank holds the whole average (after synchronize(), or
+# when the optimizer is not sharded). $OPTIMIZER picks SGD with momentum, or Adam with weight decay
+# over two parameter groups (whose stretches the ranks' blocks cut at other places); $SHARD is
+# DistributedOptimizer's shard argument; $SYNCHRONIZE calls synchronize() before every step.
 DDP_COMPARISON = (
     DDP_MODEL
     + """
 STEPS = 3
+SHARD = json.loads(os.environ["SHARD"])
+SYNCHRONIZE = os.environ["SYNCHRONIZE"] == "1"
+
+def optimizer(net):
+    if os.environ["OPTIMIZER"] == "sgd":
+        return torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    params = list(net.parameters())
+    return torch.optim.Adam(
+        [{"params": params[:2], "lr": 0.02}, {"params": params[2:], "weight_decay": 0.0}],
+        lr=0.01, weight_decay=0.1,
+    )
+
 td.init()
 rank = td.rank()
 ours = model()
 td.broadcast_parameters(ours.state_dict(), root_rank=0)
-opt = td.DistributedOptimizer(
-    torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9),
-    named_parameters=ours.named_parameters(),
-)
-assert isinstance(opt, torch.optim.SGD)
+opt = td.DistributedOptimizer(optimizer(ours), named_parameters=ours.named_parameters(), shard=SHARD)
+assert isinstance(opt, type(optimizer(ours)))
 theirs_model = model()
 dist.init_process_group("gloo", rank=rank, world_size=td.size())
 theirs = torch.nn.parallel.DistributedDataParallel(theirs_model)
-theirs_opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+theirs_opt = optimizer(theirs_model)
 
 # Rank-local gradients of the first batch: the ranks' batches differ, so these differ from the
 # averaged ones, and equality with DDP proves the average was taken.
@@ -105,40 +119,100 @@ local = model()
 x, y = batch(rank, 0)
 F.cross_entropy(local(x), y).backward()
 
-worst = {"grad": 0.0, "weight": 0.0}
+worst = {"grad": 0.0, "weight": 0.0, "state": 0.0}
+compared = {"grad": 0, "weight": 0}
 differs = 0.0
 for step in range(STEPS):
     x, y = batch(rank, step)
-    opt.zero_grad()
-    F.cross_entropy(ours(x), y).backward()
-    opt.step()
     theirs_opt.zero_grad()
     F.cross_entropy(theirs(x), y).backward()
     theirs_opt.step()
+    opt.zero_grad()
+    F.cross_entropy(ours(x), y).backward()
+    if SYNCHRONIZE:
+        opt.synchronize()
+    opt.step()
+    # The whole average stays in .grad unless a sharded step's reduce-scatter left only the block.
+    whole = SYNCHRONIZE or not opt._tandem_shard
     for (name, a), b in zip(ours.named_parameters(), theirs_model.parameters()):
         assert a.grad is not None and b.grad is not None, name
-        worst["grad"] = max(worst["grad"], (a.grad - b.grad).abs().max().item())
+        if whole:
+            worst["grad"] = max(worst["grad"], (a.grad - b.grad).abs().max().item())
+            compared["grad"] += 1
         worst["weight"] = max(worst["weight"], (a - b).abs().max().item())
-    if step == 0:
+        compared["weight"] += 1
+    if step == 0 and whole:
         pairs = zip(local.parameters(), ours.parameters())
         differs = max((p.grad - q.grad).abs().max().item() for p, q in pairs)
-json.dump({"worst": worst, "local_differs": differs}, open(os.environ["RESULT"], "w"))
+
+# The whole optimizer state, gathered from the blocks, is DDP's; each rank kept only its block.
+state, their_state = opt.state_dict(), theirs_opt.state_dict()
+assert sorted(state["state"]) == sorted(their_state["state"]), state["state"].keys()
+for pid, entry in their_state["state"].items():
+    for key, value in entry.items():
+        if isinstance(value, torch.Tensor):
+            diff = (state["state"][pid][key].float() - value.float()).abs().max().item()
+            worst["state"] = max(worst["state"], diff)
+        else:
+            assert state["state"][pid][key] == value, (pid, key)
+assert [g["lr"] for g in state["param_groups"]] == [g["lr"] for g in their_state["param_groups"]]
+
+def elements(o):
+    tensors = [v for e in o.state.values() for v in e.values() if isinstance(v, torch.Tensor)]
+    return sum(v.numel() for v in tensors if v.dim())
+
+kept, held = elements(opt), elements(theirs_opt)
+json.dump(
+    {"worst": worst, "compared": compared, "local_differs": differs, "sharded": opt._tandem_shard,
+     "kept": kept, "held": held, "block": list(getattr(opt, "_tandem_block", (0, 0)))},
+    open(os.environ["RESULT"], "w"),
+)
 dist.destroy_process_group()
 """
 )
 
 
-def test_distributed_optimizer_steps_like_gloo_ddp(group_of):
+@pytest.mark.parametrize(
+    ("optimizer", "shard", "synchronize", "size"),
+    [("sgd", None, True, 2), ("sgd", False, False, 2), ("adam", None, False, 3)],
+    ids=["sgd-sharded-synchronized", "sgd-whole", "adam-two-groups-sharded-3-ranks"],
+)
+def test_distributed_optimizer_steps_like_gloo_ddp(group_of, optimizer, shard, synchronize, size):
     (port,) = free_ports(1)
-    ranks = group_of(2).run(DDP_COMPARISON, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OPTIMIZER": optimizer,
+        "SHARD": json.dumps(shard),
+        "SYNCHRONIZE": "1" if synchronize else "0",
+    }
+    ranks = group_of(size).run(DDP_COMPARISON, env)
     all_succeeded(ranks)
+    blocks = []
     for r in ranks:
-        worst = r.result["worst"]
-        assert worst["grad"] < 1e-6 and worst["weight"] < 1e-6, (r.rank, worst)
-        assert r.result["local_differs"] > 1e-3, r.result
+        got = r.result
+        assert got["sharded"] == (shard is not False), got
+        assert got["worst"]["weight"] < 1e-6 and got["worst"]["state"] < 1e-6, (r.rank, got)
+        assert got["compared"]["weight"] == 3 * 6
+        if synchronize or shard is False:
+            assert got["compared"]["grad"] == 3 * 6 and got["worst"]["grad"] < 1e-6, (r.rank, got)
+            assert got["local_differs"] > 1e-3, got
+        if got["sharded"]:
+            # Its block of each state buffer (SGD: momentum; Adam: two moments), no more.
+            start, end = got["block"]
+            buffers = 1 if optimizer == "sgd" else 2
+            assert got["kept"] == buffers * (end - start), got
+            assert got["held"] == buffers * 1893, got
+            blocks.append((start, end))
+        else:
+            assert got["kept"] == got["held"], got
+    if blocks:
+        assert blocks[0][0] == 0 and blocks[-1][1] == 1893
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False)), blocks
 
 
-def test_gradients_are_views_of_one_buffer_and_synchronize_allows_clipping(group_of):
+@pytest.mark.parametrize("shard", [None, False], ids=["sharded", "whole"])
+def test_gradients_are_views_of_one_buffer_and_synchronize_allows_clipping(group_of, shard):
     ranks = group_of(2).run(
         """
         import json, os
@@ -148,7 +222,8 @@ def test_gradients_are_views_of_one_buffer_and_synchronize_allows_clipping(group
         td.init()
         torch.manual_seed(0)
         model = torch.nn.Linear(3, 2)
-        opt = td.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+        shard = json.loads(os.environ["SHARD"])
+        opt = td.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), shard=shard)
         flat = opt._tandem_flat
         views = all(
             p.grad.data_ptr() == flat.data_ptr() + 4 * offset
@@ -176,7 +251,8 @@ def test_gradients_are_views_of_one_buffer_and_synchronize_allows_clipping(group
              "bias_grad": bias_grad, "is_view": model.bias.grad.data_ptr() == flat.data_ptr() + 24},
             open(os.environ["RESULT"], "w"),
         )
-        """
+        """,
+        {"SHARD": json.dumps(shard)},
     )
     all_succeeded(ranks)
     for r in ranks:
@@ -184,7 +260,10 @@ def test_gradients_are_views_of_one_buffer_and_synchronize_allows_clipping(group
         assert got["views"] and got["kept"] and got["is_view"], got
         assert got["averaged"] == [1.5, 1.5]
         assert got["applied"] == pytest.approx([1.0, 1.0])
-        assert got["bias_grad"] == [1.0, 1.0], "the replaced gradients 0 and 2 were averaged"
+        # Sharded, the step's reduce-scatter averages a rank's own block alone: of 8 elements,
+        # rank 1's block (4..8) holds the bias.
+        if shard is False or r.rank == 1:
+            assert got["bias_grad"] == [1.0, 1.0], "the replaced gradients 0 and 2 were averaged"
 
 
 def test_broadcast_optimizer_state_gives_every_rank_the_roots_state(group_of):

@@ -120,6 +120,8 @@ def test_a_parameter_server_job_without_servers_or_steps_says_what_to_set(group_
         assert td.algorithm() == "hybrid"
         expected = json.loads(os.environ["EXPECTED"])
         error = getattr(td, expected["error"])
+        with pytest.raises(ValueError, match="shard=True has no effect in hybrid"):
+            td.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1), shard=True)
         with pytest.raises(error, match=expected["match"]):
             td.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1))
         """
@@ -169,3 +171,65 @@ def test_a_rank_whose_peer_never_comes_fails_init_naming_it(group_of):
     )
     assert done.returncode == 200, done.stderr
     assert "PeerLostError" in done.stderr and "init (joining group 0 as rank 0)" in done.stderr, done.stderr
+
+
+def test_a_sharded_state_loaded_on_one_rank_alone_is_refused_by_state_dict(group_of):
+    ranks = group_of(2).run(
+        """
+        import json, os
+        import torch
+        import tandem.torch as td
+
+        td.init()
+        model = torch.nn.Linear(4, 3)
+        opt = td.DistributedOptimizer(torch.optim.Adam(model.parameters()))
+        model(torch.ones(1, 4)).sum().backward()
+        opt.step()
+        state = opt.state_dict()  # collective: every rank gathers the blocks
+        if td.rank() == 0:
+            fresh = torch.optim.Adam(torch.nn.Linear(4, 3).parameters())
+            opt.load_state_dict(fresh.state_dict())  # rank 0 alone, and never broadcast
+        try:
+            opt.state_dict()
+            message = None
+        except ValueError as e:
+            message = str(e)
+        # broadcast_optimizer_state mends it: every rank takes the root's loaded (empty) state.
+        td.broadcast_optimizer_state(opt, root_rank=0)
+        after = opt.state_dict()
+        json.dump({"message": message, "before": len(state["state"]), "after": len(after["state"])},
+                  open(os.environ["RESULT"], "w"))
+        """
+    )
+    all_succeeded(ranks)
+    for r in ranks:
+        assert "optimizer states differ" in r.result["message"], r.result
+        assert "broadcast_optimizer_state" in r.result["message"]
+        assert (r.result["before"], r.result["after"]) == (2, 0), r.result
+
+
+def test_a_sharded_state_dict_on_one_rank_alone_says_every_rank_must_call_it(group_of):
+    ranks = group_of(2).run(
+        """
+        import json, os
+        import torch
+        import tandem.torch as td
+
+        td.init()
+        model = torch.nn.Linear(4, 3)
+        opt = td.DistributedOptimizer(torch.optim.Adam(model.parameters()))
+        message = None
+        try:
+            model(torch.ones(1, 4)).sum().backward()
+            if td.rank() == 0:
+                opt.state_dict()  # as a Horovod script saves: rank 0 alone
+            opt.step()
+        except td.CommunicationError as e:
+            message = str(e)
+        json.dump(message, open(os.environ["RESULT"], "w"))
+        """
+    )
+    all_succeeded(ranks)
+    root, other = (r.result for r in ranks)
+    assert "same collectives in the same order" in root and "call it on every rank" in root, root
+    assert "same collectives in the same order" in other, other
