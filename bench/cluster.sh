@@ -16,10 +16,14 @@
 # these nodes is run and measured, and the predicted step times and ranking are set beside the
 # measured ones.
 #
+# With TORCH=1 it also runs bench-torch (bench/torch/run.py) on the nodes: a PyTorch script with DDP,
+# tandem.torch allreduce, hybrid and pure PS (needs `make python-dev-install`). Only that:
+#   TORCH=1 TTA=0 EPOCHS=0 PLAN=0 LINKS=1gbit bench/cluster.sh
+#
 # Usage (root): [LINKS="1gbit 10gbit 25gbit"] [NODES=6] [ALGOS=…] [ROUNDS=1] [EVAL=20] [TARGET=0.90]
 #               [TTA_MODELS="resnet20 vgg-dense"] [VGG_TARGET=0.85] [TTA_LIMIT=300]
 #               [PLAN_JOB=examples/mnist-hybrid.yaml] [STEPS=120] [PLAN_ROUNDS=3] [TTA=1] [EPOCHS=1] [PLAN=1]
-#               [MODELS="mlp resnet20 vgg-dense"] [EPOCH_ALGOS=…] bench/cluster.sh
+#               [MODELS="mlp resnet20 vgg-dense"] [EPOCH_ALGOS=…] [TORCH=0] bench/cluster.sh
 # Writes out/bench/cluster/{<link>/…,<link>/tta-<model>/…,table.md,cluster.png,cluster.svg}. Everything it creates (the
 # namespaces tcl-<n>, the bridge tclbr0) is removed when it ends, also on failure or Ctrl-C.
 set -euo pipefail
@@ -94,6 +98,12 @@ for link in $LINKS; do
   # shellcheck disable=SC2086
   [ "${PLAN:-1}" = 0 ] ||
     python3 bench/plan_check.py "$TANDEM" "${PLAN_JOB:-examples/mnist-hybrid.yaml}" "$link" "$NODES" "$OUT/$link" $NODE_ARGS
+  if [ "${TORCH:-0}" = 1 ]; then
+    mkdir -p "$OUT/$link"
+    # shellcheck disable=SC2086
+    python3 bench/torch/run.py --tandem "$TANDEM" --link "$link links" --out "$OUT/$link/torch.json" $NODE_ARGS
+  fi
 done
+[ "${TTA:-1}" = 0 ] && [ "${EPOCHS:-1}" = 0 ] && [ "${PLAN:-1}" = 0 ] && exit 0
 PY=$(bench/plot-python.sh)
 $PY bench/plot_cluster.py "$OUT" "${TARGET:-0.90}" $LINKS

@@ -10,7 +10,12 @@ venv that holds PyTorch and the tandem wheel; rounds alternate the four, and the
 each one's median samples/s, its ratio to DDP, and the median time of the optimizer's step
 (where tandem.torch communicates). Prints the CPU model; figures go to out/bench/torch.json.
 
+With --node NAME=ADDR (as bench/cluster.sh gives them; TORCH=1 there runs this at each link preset)
+every PS replica and rank runs on its own network-namespace node, so the gradients and weights
+cross rate-limited links instead of loopback.
+
   python3 bench/torch/run.py [--rounds 3] [--steps 80] [--hidden 1024] [--batch 64]
+                             [--node NAME=ADDR ...] [--link LABEL] [--out FILE]
 """
 
 import argparse
@@ -99,7 +104,8 @@ def run_once(name, args, work, tandem, python_bin):
     )
     env = dict(os.environ, PATH=f"{python_bin.parent}:{os.environ['PATH']}")
     done = subprocess.run(
-        [tandem, "train", "-f", folder / "job.yaml", "--output-dir", folder / "out"],
+        [tandem, "train", "-f", folder / "job.yaml", "--output-dir", folder / "out"]
+        + [a for node in args.node for a in ("--node", node)],
         env=env,
         capture_output=True,
         text=True,
@@ -129,8 +135,11 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tandem", default=str(REPO / "target/release/tandem"))
     parser.add_argument("--python", default=str(Path.home() / ".cache/tandem/python-venv/bin/python3"))
+    parser.add_argument("--node", action="append", default=[], help="NAME=ADDR, passed to tandem train")
+    parser.add_argument("--link", default="loopback", help="what the processes talk over, for the table")
+    parser.add_argument("--out", default=str(REPO / "out/bench/torch.json"))
     args = parser.parse_args()
-    work = REPO / "out/bench/torch"
+    work = Path(args.out).parent / "torch-runs"
     work.mkdir(parents=True, exist_ok=True)
     runs = {name: [] for name in CONFIGS}
     for round_ in range(args.rounds):
@@ -145,7 +154,7 @@ def main():
     params = runs["ddp"][0]["params"]
     print(
         f"bench-torch: MLP of {params} parameters, batch {args.batch} per rank, 4 worker processes, "
-        f"median of {args.rounds} rounds; CPU: {cpu}, {os.cpu_count()} cores"
+        f"median of {args.rounds} rounds, over {args.link}; CPU: {cpu}, {os.cpu_count()} cores"
     )
     print(f"{'setup':<15} {'samples/s':>10} {'vs DDP':>7} {'optimizer step':>15}")
     anchor = statistics.median(r["samples_per_s"] for r in runs["ddp"])
@@ -157,8 +166,8 @@ def main():
         print(f"{name:<15} {rate:>10.0f} {rate / anchor:>6.2f}x {step * 1e3:>12.2f} ms")
     hybrid, pure = table["tandem-hybrid"]["samples_per_s"], table["tandem-ps"]["samples_per_s"]
     print(f"hybrid / pure PS: {hybrid / pure:.2f}x")
-    (REPO / "out/bench/torch.json").write_text(
-        json.dumps({"cpu": cpu, "params": params, "args": vars(args), "table": table}, indent=1)
+    Path(args.out).write_text(
+        json.dumps({"cpu": cpu, "link": args.link, "params": params, "args": vars(args), "table": table}, indent=1)
     )
 
 

@@ -1,10 +1,14 @@
 """Scripts using tandem.torch as a job's workers.command, through the real `tandem train` (its
 parameter servers, its supervision and restarts): the example of python/examples/ trains
 Fashion-MNIST to its accuracy with every algorithm, a group that loses a rank restarts and
-resumes from the parameter servers, and a PS that refuses the rank's token says so."""
+resumes from the parameter servers, a PS that refuses the rank's token says so, and the hybrid
+runs with each process on its own network-namespace node."""
 
+import os
 import re
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +194,75 @@ def test_a_server_that_refuses_the_token_fails_the_job_saying_why(tmp_path):
     assert run.code != 0, run.explain()
     log = run.logs["worker-0-0.0.log"]
     assert "ParameterServerError" in log and "token" in log, log[-2000:]
+
+
+class Nodes:
+    """Network-namespace nodes as bench/cluster.sh builds them (a veth per node to one bridge that
+    holds an address in their subnet), for one test; `tandem train --node` places a process on
+    each. Needs root, as `make test` runs."""
+
+    def __init__(self, count):
+        tag = os.getpid() % 100_000
+        self.bridge = f"tp{tag}"
+        self.names = [f"tandem-py-{tag}-{i}" for i in range(count)]
+        self.addrs = [f"10.214.{tag % 200}.{i + 1}" for i in range(count)]
+        self.ip("link", "add", self.bridge, "type", "bridge")
+        self.ip("addr", "add", f"10.214.{tag % 200}.254/24", "dev", self.bridge)
+        self.ip("link", "set", self.bridge, "up")
+        for i, (name, addr) in enumerate(zip(self.names, self.addrs, strict=True)):
+            self.ip("netns", "add", name)
+            self.ip("link", "add", self.veth(i), "type", "veth", "peer", "name", "eth0", "netns", name)
+            self.ip("link", "set", self.veth(i), "master", self.bridge, "up")
+            self.ip("-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
+            self.ip("-n", name, "link", "set", "eth0", "up")
+            self.ip("-n", name, "link", "set", "lo", "up")
+
+    @staticmethod
+    def ip(*args):
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        assert done.returncode == 0, f"ip {' '.join(args)}: {done.stderr} (the tests run as root)"
+
+    def veth(self, i):
+        return f"{self.bridge}v{i}"
+
+    def args(self):
+        return [
+            a for name, addr in zip(self.names, self.addrs, strict=True) for a in ("--node", f"{name}={addr}")
+        ]
+
+    def carried(self, i):
+        """Bytes node `i`'s link has carried, both directions."""
+        stats = Path("/sys/class/net") / self.veth(i) / "statistics"
+        return sum(int((stats / c).read_text()) for c in ("rx_bytes", "tx_bytes"))
+
+    def remove(self):
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+@pytest.fixture
+def six_nodes():
+    nodes = Nodes(6)
+    yield nodes
+    nodes.remove()
+
+
+def test_the_hybrid_runs_a_process_per_node_and_the_groups_traffic_crosses_the_links(tmp_path, six_nodes):
+    example(tmp_path)
+    ps_job(tmp_path, "hybrid")
+    before = [six_nodes.carried(i) for i in range(6)]
+    run = tandem_train(tmp_path, "job.yaml", *six_nodes.args())
+    finished = run.finished()
+    assert finished["test_accuracy"] >= ACCURACY, (finished, run.explain())
+    # The 2 PS replicas on the first two nodes, then the ranks of groups 0 and 1, one per node.
+    config = (tmp_path / "out/job.json").read_text()
+    assert all(addr in config for addr in six_nodes.addrs), config
+    # Per step a rank of a group of two sends and receives half the gradient in the group's
+    # reduce-scatter, its half to and from the servers, and half the weights in the allgather:
+    # 12 bytes per value of the model. Shared memory between the group's ranks would leave only
+    # the servers' 4, so more than 8 proves the group's own traffic crossed the links too.
+    params = 784 * 128 + 128 + 128 * 10 + 10
+    carried = [six_nodes.carried(i) - before[i] for i in range(6)]
+    for node in range(2, 6):
+        assert carried[node] > 8 * params * 200, (node, carried)

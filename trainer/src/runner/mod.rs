@@ -576,8 +576,9 @@ impl Spawner<'_> {
         if rank == 0 {
             user::reset_progress(&files.progress_file)?;
         }
-        let mut cmd =
-            user::command(&opts.spec, &self.config, &launch, &files, &opts.workdir, self.threads_per_rank())?;
+        let node = opts.placement.node(&opts.spec, role);
+        let threads = self.threads_per_rank();
+        let mut cmd = user::command(&opts.spec, &self.config, &launch, &files, &opts.workdir, threads, node)?;
         let log = self.log_to(&mut cmd, &format!("worker-{group}-{rank}.{attempt}.log"))?;
         let program = opts.spec.workers.command.as_ref().and_then(|c| c.first()).cloned().unwrap_or_default();
         let child = cmd.spawn().map_err(io(format!(

@@ -8,8 +8,10 @@
 //! start until that process ended, and hands every line to the supervisor as the group's
 //! progress, as `tandem worker`'s stdout lines are.
 //!
-//! Guarantees: every rank of a group runs on this host (`LOCAL_RANK` is the rank); the command
-//! runs in the manifest's folder, so a relative script path names the file beside the manifest;
+//! Guarantees: every rank of a group runs on this host (`LOCAL_RANK` is the rank), or, placed on
+//! nodes (`--node`), inside its node's network namespace at the node's address, one rank per host
+//! as a pod would be (`LOCAL_RANK` 0, `GROUP_RANK` the rank, the node as its host identity, so its
+//! group's traffic crosses the links); the command runs in the manifest's folder, so a relative script path names the file beside the manifest;
 //! the rank's stdout and stderr both go to its log; a new attempt starts with an empty progress
 //! file, so no line of an earlier attempt or run is read as this one's.
 
@@ -24,7 +26,9 @@ use std::time::Duration;
 use tandem_api::TrainingJobSpec;
 use tandem_api::contract::user::{self, Hosting, UserFiles, UserProgress};
 use tandem_api::contract::{JobConfig, LaunchEnv};
+use tandem_api::job::Backend;
 
+use super::nodes::Node;
 use super::progress::Line;
 use super::state::ProcId;
 use super::{RunnerError, io};
@@ -35,10 +39,9 @@ const POLL: Duration = Duration::from_millis(200);
 /// Refuses a user-command job the local runner cannot run, saying what to change; `local` is
 /// whether every process stays on this machine's loopback (no `--node`).
 pub fn check(spec: &TrainingJobSpec, local: bool) -> Result<(), RunnerError> {
-    if spec.workers.command.is_some() && !local {
+    if spec.workers.command.is_some() && !local && spec.workers.backend == Backend::Mpi {
         return Err(RunnerError::Config(
-            "--node places `tandem` processes in network namespaces; a job with workers.command runs its ranks \
-             on this machine's loopback: leave out --node"
+            "--node places each rank of a workers.command job on a node, but an `mpi` group's mpirun starts              its ranks on the launcher's: use `workers.backend: tcp` with --node, or leave out --node"
                 .into(),
         ));
     }
@@ -63,14 +66,25 @@ pub fn command(
     files: &UserFiles,
     workdir: &Path,
     threads: usize,
+    node: Option<&Node>,
 ) -> Result<Command, RunnerError> {
     let Some((program, rest)) = spec.workers.command.as_deref().and_then(<[String]>::split_first) else {
         return Err(RunnerError::Config("workers.command is empty: name the program to run".into()));
     };
-    let vars = user::user_env(config, launch, Hosting::OneHost, files)
-        .map_err(|e| RunnerError::Config(e.to_string()))?;
+    let hosting = if node.is_some() { Hosting::HostPerRank } else { Hosting::OneHost };
+    let vars =
+        user::user_env(config, launch, hosting, files).map_err(|e| RunnerError::Config(e.to_string()))?;
     create_dirs(files)?;
-    let mut cmd = Command::new(program);
+    let mut cmd = match node {
+        Some(node) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &node.netns]).arg(program);
+            // Ranks on different nodes share no memory: their traffic crosses the links.
+            cmd.env(tandem_comm::host::HOST_ID_ENV, format!("node={}", node.netns));
+            cmd
+        }
+        None => Command::new(program),
+    };
     cmd.args(rest).args(spec.workers.args.iter().flatten()).current_dir(workdir);
     limit_threads(&mut cmd, threads);
     cmd.envs(spec.workers.env.iter().flatten().map(|e| (&e.name, &e.value)));

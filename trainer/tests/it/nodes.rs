@@ -3,7 +3,7 @@
 //! (veth pairs to a bridge, as bench/cluster.sh builds them). Needs root and `ip` (iproute2), as
 //! the real-node tests do.
 
-use crate::runner_support::{Run, manifest, one_job_at_a_time, set, train};
+use crate::runner_support::{Run, data_dir, example_yaml, manifest, one_job_at_a_time, repo, set, train};
 
 use std::process::Command;
 
@@ -149,4 +149,68 @@ fn a_node_that_does_not_exist_is_refused_before_anything_starts() {
         run.stderr
     );
     assert!(!out.join("job.json").exists(), "nothing was started");
+}
+
+/// A user's own code on the nodes: the plain PyTorch DDP example (`examples/pytorch/`, real
+/// PyTorch over gloo), one group of two ranks, each rank inside its own node's namespace, so the
+/// group's allreduce crosses the links as between two pods.
+#[test]
+fn a_users_ddp_script_runs_a_rank_per_node_and_its_allreduce_crosses_the_links() {
+    let torch = Command::new("/usr/bin/python3").args(["-c", "import torch, numpy"]).status();
+    assert!(
+        torch.is_ok_and(|s| s.success()),
+        "/usr/bin/python3 cannot import torch: run scripts/install-deps.sh (Debian's python3-torch)"
+    );
+    assert!(data_dir().join("fashion-mnist/train-images-idx3-ubyte.gz").exists(), "run `make data`");
+    let _one = one_job_at_a_time();
+    let nodes = Nodes::create(2);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(repo().join("examples/pytorch/train.py"), dir.path().join("train.py")).unwrap();
+    let mut doc = example_yaml("pytorch/job.yaml");
+    set(&mut doc, &["spec", "workers", "groups"], 1.into());
+    // The rank's contract first, then the example itself.
+    let command =
+        r#"[sh, -c, "env | grep -E '^(MASTER_ADDR|TANDEM_BIND|LOCAL_RANK)='; exec python3 train.py"]"#;
+    set(&mut doc, &["spec", "workers", "command"], serde_yaml::from_str(command).unwrap());
+    let steps = 200;
+    set(&mut doc, &["spec", "training", "steps"], steps.into());
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    let before: Vec<u64> = (0..2).map(|i| nodes.bytes(i)).collect();
+    // `python3` in the example's command is Debian's, which sees python3-torch.
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let out = dir.path().join("out");
+    let args = nodes.args();
+    let output = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["train", "--output", "json", "-f"])
+        .arg(&job)
+        .arg("--output-dir")
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .args(&args)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "stderr:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let finished: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(finished["event"], "finished", "{stdout}");
+    assert!(finished["test_accuracy"].as_f64().unwrap() >= 0.75, "{finished}");
+
+    // Each rank bound its node's address (rank 0's is MASTER_ADDR) and saw itself as the only
+    // rank on its host, as in a pod.
+    for (rank, addr) in nodes.addrs.iter().enumerate() {
+        let log = std::fs::read_to_string(out.join(format!("logs/worker-0-{rank}.0.log"))).unwrap();
+        assert!(log.contains(&format!("MASTER_ADDR={}", nodes.addrs[0])), "rank {rank}'s log:\n{log}");
+        assert!(log.contains(&format!("TANDEM_BIND={addr}")) && log.contains("LOCAL_RANK=0"), "{log}");
+    }
+    // Every step's gradient went over the veths: a two-rank ring allreduce sends and receives the
+    // whole gradient (101,770 values of 4 bytes) per step; loopback would leave the links idle.
+    let params: u64 = 784 * 128 + 128 + 128 * 10 + 10;
+    let carried: Vec<u64> = (0..2).map(|i| nodes.bytes(i) - before[i]).collect();
+    for (rank, bytes) in carried.iter().enumerate() {
+        assert!(*bytes >= steps * params * 4, "rank {rank}'s node carried {bytes} bytes: {carried:?}");
+    }
 }
