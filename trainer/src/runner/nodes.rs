@@ -65,6 +65,20 @@ impl FromStr for Node {
     }
 }
 
+impl Node {
+    /// The interface that holds the node's address inside its namespace (`eth0` as
+    /// bench/cluster.sh builds nodes), if `ip` finds one.
+    pub fn interface(&self) -> Option<String> {
+        let out =
+            std::process::Command::new("ip").args(["-n", &self.netns, "-o", "-4", "addr", "show"]).output();
+        let text = String::from_utf8(out.ok()?.stdout).ok()?;
+        let inet = format!(" inet {}/", self.addr);
+        // `2: eth0    inet 10.77.0.1/24 brd … scope global eth0 …`
+        let line = text.lines().find(|l| l.contains(&inet))?;
+        line.split_whitespace().nth(1).map(str::to_owned)
+    }
+}
+
 impl std::fmt::Display for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}={}", self.netns, self.addr)

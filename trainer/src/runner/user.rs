@@ -10,8 +10,8 @@
 //!
 //! Guarantees: every rank of a group runs on this host (`LOCAL_RANK` is the rank), or, placed on
 //! nodes (`--node`), inside its node's network namespace at the node's address, one rank per host
-//! as a pod would be (`LOCAL_RANK` 0, `GROUP_RANK` the rank, the node as its host identity, so its
-//! group's traffic crosses the links); the command runs in the manifest's folder, so a relative script path names the file beside the manifest;
+//! as a pod would be (`LOCAL_RANK` 0, `GROUP_RANK` the rank, the node as its host identity and
+//! gloo's interface, so its group's traffic crosses the links); the command runs in the manifest's folder, so a relative script path names the file beside the manifest;
 //! the rank's stdout and stderr both go to its log; a new attempt starts with an empty progress
 //! file, so no line of an earlier attempt or run is read as this one's.
 
@@ -81,6 +81,11 @@ pub fn command(
             cmd.args(["netns", "exec", &node.netns]).arg(program);
             // Ranks on different nodes share no memory: their traffic crosses the links.
             cmd.env(tandem_comm::host::HOST_ID_ENV, format!("node={}", node.netns));
+            // gloo takes the address the host name resolves to, loopback in a namespace (a pod
+            // resolves its own): name the node's interface, unless workers.env does.
+            if let Some(interface) = node.interface() {
+                cmd.env("GLOO_SOCKET_IFNAME", interface);
+            }
             cmd
         }
         None => Command::new(program),
