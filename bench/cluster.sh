@@ -17,7 +17,8 @@
 # measured ones.
 #
 # With TORCH=1 it also runs bench-torch (bench/torch/run.py) on the nodes: a PyTorch script with DDP,
-# tandem.torch allreduce, hybrid and pure PS (needs `make python-dev-install`). Only that:
+# tandem.torch allreduce, hybrid and pure PS (needs `make python-dev-install`; TORCH_ARGS go to
+# bench/torch/run.py, e.g. "--batch 8"). Only that:
 #   TORCH=1 TTA=0 EPOCHS=0 PLAN=0 LINKS=1gbit bench/cluster.sh
 #
 # Usage (root): [LINKS="1gbit 10gbit 25gbit"] [NODES=6] [ALGOS=…] [ROUNDS=1] [EVAL=20] [TARGET=0.90]
@@ -101,7 +102,7 @@ for link in $LINKS; do
   if [ "${TORCH:-0}" = 1 ]; then
     mkdir -p "$OUT/$link"
     # shellcheck disable=SC2086
-    python3 bench/torch/run.py --tandem "$TANDEM" --link "$link links" --out "$OUT/$link/torch.json" $NODE_ARGS
+    python3 bench/torch/run.py --tandem "$TANDEM" --link "$link links" --out "$OUT/$link/torch.json" $NODE_ARGS ${TORCH_ARGS:-}
   fi
 done
 [ "${TTA:-1}" = 0 ] && [ "${EPOCHS:-1}" = 0 ] && [ "${PLAN:-1}" = 0 ] && exit 0

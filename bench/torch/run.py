@@ -139,7 +139,7 @@ def main():
     parser.add_argument("--link", default="loopback", help="what the processes talk over, for the table")
     parser.add_argument("--out", default=str(REPO / "out/bench/torch.json"))
     args = parser.parse_args()
-    work = Path(args.out).parent / "torch-runs"
+    work = Path(args.out).resolve().parent / "torch-runs"
     work.mkdir(parents=True, exist_ok=True)
     runs = {name: [] for name in CONFIGS}
     for round_ in range(args.rounds):
