@@ -167,7 +167,9 @@ def main():
     hybrid, pure = table["tandem-hybrid"]["samples_per_s"], table["tandem-ps"]["samples_per_s"]
     print(f"hybrid / pure PS: {hybrid / pure:.2f}x")
     Path(args.out).write_text(
-        json.dumps({"cpu": cpu, "link": args.link, "params": params, "args": vars(args), "table": table}, indent=1)
+        json.dumps(
+            {"cpu": cpu, "link": args.link, "params": params, "args": vars(args), "table": table}, indent=1
+        )
     )
 
 
