@@ -651,16 +651,7 @@ impl Spawner<'_> {
         }
         // On a node, the process runs inside its network namespace.
         let node = opts.placement.node(&opts.spec, role);
-        let mut cmd = match node {
-            Some(node) => {
-                let mut cmd = Command::new("ip");
-                cmd.args(["netns", "exec", &node.netns]).arg(&opts.exe);
-                // Ranks on different nodes share no memory: their traffic crosses the links.
-                cmd.env(tandem_comm::host::HOST_ID_ENV, format!("node={}", node.netns));
-                cmd
-            }
-            None => Command::new(&opts.exe),
-        };
+        let mut cmd = node.map_or_else(|| Command::new(&opts.exe), |node| node.command(&opts.exe));
         match role {
             Role::Ps { .. } => {
                 // Every PS takes a free port for its status endpoint.

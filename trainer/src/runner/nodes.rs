@@ -66,6 +66,15 @@ impl FromStr for Node {
 }
 
 impl Node {
+    /// `program` started inside the node's namespace (`ip netns exec`), with the node as its host
+    /// identity: ranks on different nodes share no memory, so their traffic crosses the links.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["netns", "exec", &self.netns]).arg(program);
+        cmd.env(tandem_comm::host::HOST_ID_ENV, format!("node={}", self.netns));
+        cmd
+    }
+
     /// The interface that holds the node's address inside its namespace (`eth0` as
     /// bench/cluster.sh builds nodes), if `ip` finds one.
     pub fn interface(&self) -> Option<String> {

@@ -77,10 +77,7 @@ pub fn command(
     create_dirs(files)?;
     let mut cmd = match node {
         Some(node) => {
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &node.netns]).arg(program);
-            // Ranks on different nodes share no memory: their traffic crosses the links.
-            cmd.env(tandem_comm::host::HOST_ID_ENV, format!("node={}", node.netns));
+            let mut cmd = node.command(program);
             // gloo takes the address the host name resolves to, loopback in a namespace (a pod
             // resolves its own): name the node's interface, unless workers.env does.
             if let Some(interface) = node.interface() {
