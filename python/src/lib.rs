@@ -98,6 +98,16 @@ fn reduce_scatter_(py: Python<'_>, tensor: &Bound<'_, PyAny>, average: bool) -> 
     tensor::reduce_scatter(py, tensor, average)
 }
 
+/// This rank's block of a flat vector of `total` elements in `reduce_scatter_` and `allgather_`,
+/// as `(start, end)` ([`tandem_comm::block_range`]).
+#[pyfunction]
+fn block(total: usize) -> PyResult<(usize, usize)> {
+    session::with_info("block", |i| {
+        let range = tandem_comm::block_range(total, i.size as usize, i.rank as usize);
+        (range.start, range.end)
+    })
+}
+
 /// Gathers every rank's block of a contiguous float32 CPU tensor into every rank's, in place.
 #[pyfunction]
 fn allgather_(py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -189,6 +199,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(allreduce_, m)?)?;
     m.add_function(wrap_pyfunction!(reduce_scatter_, m)?)?;
     m.add_function(wrap_pyfunction!(allgather_, m)?)?;
+    m.add_function(wrap_pyfunction!(block, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast_, m)?)?;
     m.add_function(wrap_pyfunction!(barrier, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;

@@ -577,15 +577,6 @@ _ELEMENTWISE = tuple(
 )
 
 
-def _block(total: int, size: int, rank: int) -> tuple[int, int]:
-    """Rank ``rank``'s block of a flat vector of ``total`` elements in reduce-scatter and
-    allgather: Tandem's ``block_range`` (contiguous, in rank order, the first ``total % size``
-    blocks one element longer)."""
-    base, extra = divmod(total, size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
 class _Shard:
     """This rank's block of one parameter group's stretch of the flat vector, as the parameter
     the optimizer steps in its place: a view of the flat weights, its gradient a view of the flat
@@ -678,7 +669,7 @@ class _DistributedOptimizer:
         turns any state the optimizer already holds into the blocks' state."""
         weights = self._tandem_weights
         assert weights is not None
-        self._tandem_block = _block(self._tandem_flat.numel(), _native.size(), _native.rank())
+        self._tandem_block = tuple(_native.block(self._tandem_flat.numel()))
         offset = 0
         for group in self.param_groups:  # type: ignore[attr-defined]
             length = sum(p.numel() for p in group["params"])
